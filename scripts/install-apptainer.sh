@@ -34,31 +34,37 @@
 #      libexec's starter); session dirs likewise under .../var/lib/apptainer.
 #      The package's own etc/apptainer is unpacked too and reached through
 #      symlinks: usr/etc, usr/lib/etc -> etc; usr/var, usr/lib/var -> var.
-#      It stays exactly the Debian default config. Nothing goes in
-#      /etc/apptainer, so a system apptainer, if ever installed, is unaffected.
-#   6. /usr/local/bin/apptainer: a small wrapper (see below).
-#   7. A smoke test (build a SIF from a two-file rootfs and exec in it); then
+#      It is the Debian default config but for root's capabilities (below).
+#      Nothing goes in /etc/apptainer, so a system apptainer, if ever
+#      installed, is unaffected.
+#   6. root's capability config (see DECISION below), then the symlink
+#      /usr/local/bin/apptainer -> the real binary.
+#   7. A smoke test (build a SIF from a tiny rootfs, exec in it, start an
+#      instance and check that exec instance:// sees the image); then
 #      a stamp file is written and the version printed.
 #
-# DECISION — the wrapper does the user namespace for root.
-#   As real root, apptainer's starter requests the full capability set and
-#   fails where root's bounding set lacks one (here CAP_SYS_RESOURCE:
+# DECISION — no unshare in the wrapper; root runs apptainer natively.
+#   /usr/local/bin/apptainer is a plain symlink to the real binary, for root
+#   and non-root alike; callers need no special invocation.
+#   Why: as real root, apptainer's starter by default ("root default
+#   capabilities = full") requests the full capability set and refuses to
+#   start where root's bounding set lacks one (here CAP_SYS_RESOURCE:
 #   "Requesting capability set 0x000001ffffffffff while permitted capability
-#   set is 0x000001fffeffffff"). When run by uid 0 in the initial user
-#   namespace, /usr/local/bin/apptainer therefore runs
-#       unshare --user --map-root-user /opt/hermes-apptainer/usr/bin/apptainer "$@"
-#   so callers (tests, the singularity backend) just call `apptainer` the same
-#   way as root or not. It also means root's containers are user-namespaced
-#   (container root is not host root), like a non-root user's. Instances
-#   started through one such unshare are seen and joinable (`exec
-#   instance://`, `instance list/stop`) from another: verified.
-#   It does nothing for non-root users, nor when already inside a user
-#   namespace. HERMES_APPTAINER_NO_UNSHARE=1 turns it off (real root; then
-#   pass --drop-caps CAP_SYS_RESOURCE to exec/run/shell/instance start, or
-#   set APPTAINER_DROP_CAPS=CAP_SYS_RESOURCE, for it to start at all).
-#   The real binary is always at /opt/hermes-apptainer/usr/bin/apptainer.
+#   set is 0x000001fffeffffff"). Step 8 therefore sets "root default
+#   capabilities = file" and lists in capability.json exactly the caps in
+#   root's bounding set at install time. Root then works natively (SIFs are
+#   loop-mounted, no extraction); root's containers are privileged, as
+#   apptainer run by root always is. For a user-namespaced container as root
+#   pass --userns (-u) to `instance start`/`exec`: verified to work.
+#   Rejected: a wrapper doing `unshare --user --map-root-user apptainer ...`.
+#   Single commands work that way, but each call gets its own user namespace,
+#   and `exec instance://NAME` from another call cannot open the instance's
+#   namespaces ("Could not stat ns/mnt: Permission denied" in -d output) and
+#   then SILENTLY runs the command in a fresh mount namespace of the HOST
+#   filesystem, exit 0: no isolation at all. Not safe to hide in a wrapper.
+#   The real binary is /opt/hermes-apptainer/usr/bin/apptainer.
 #
-# Idempotent: if the wrapper, the stamp and a working `apptainer --version`
+# Idempotent: if the symlink, the stamp and a working `apptainer --version`
 # are there, it prints the version and exits 0 at once. If some other
 # working apptainer is first on PATH it leaves it alone (exit 0), unless
 # HERMES_APPTAINER_FORCE=1.
@@ -105,11 +111,10 @@ step "0 (preconditions)"
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
     || die "needs a Debian system with apt-get and dpkg-deb"
 ARCH=$(dpkg --print-architecture)
-command -v unshare >/dev/null || die "unshare (util-linux) missing"
 
 # --- step 1: bookworm packages ---------------------------------------------
-step "1 (bookworm packages: patchelf squashfs-tools uidmap libseccomp2 libsqlite3-0)"
-BOOKWORM_PKGS=(patchelf squashfs-tools uidmap libseccomp2 libsqlite3-0)
+BOOKWORM_PKGS=(patchelf squashfs-tools uidmap libseccomp2 libsqlite3-0 libcap2-bin)
+step "1 (bookworm packages: ${BOOKWORM_PKGS[*]})"
 missing=()
 for p in "${BOOKWORM_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -223,38 +228,53 @@ done
 conf=$("$REAL" buildcfg 2>&1 | sed -n 's/^APPTAINER_CONF_FILE=//p')
 [[ -f $conf ]] || die "apptainer expects its config at '$conf', which is missing"
 
-# --- step 9: wrapper --------------------------------------------------------
-step "9 (wrapper $WRAPPER)"
+step "8b (root capabilities: 'file' mode, root's bounding set)"
+# capsh prints e.g. "Bounding set =cap_chown,cap_dac_override,..."; unknown
+# (numbered) caps are left out.
+caps=$(/usr/sbin/capsh --print | sed -n 's/^Bounding set =//p' | tr ',' '\n' \
+       | grep -E '^cap_[a-z_]+$' | tr 'a-z' 'A-Z' | paste -sd, -)
+[[ -n $caps ]] || die "could not read root's capability bounding set with capsh --print"
+: >"$PREFIX"/etc/apptainer/capability.json
+"$REAL" capability add --user root "$caps" >/dev/null 2>"$WORK"/cap.err \
+    || die "apptainer capability add --user root failed: $(grep -v WARNING "$WORK"/cap.err | head -n3)"
+conf_file=$PREFIX/etc/apptainer/apptainer.conf
+grep -q '^root default capabilities = full$' "$conf_file" \
+    || die "apptainer.conf has no 'root default capabilities = full' line (config format changed)"
+sed -i 's/^root default capabilities = full$/root default capabilities = file/' "$conf_file"
+
+# --- step 9: symlink on PATH ----------------------------------------------
+step "9 (symlink $WRAPPER -> $REAL)"
 mkdir -p "$(dirname "$WRAPPER")"
-cat >"$WRAPPER".tmp <<EOF
-#!/bin/sh
-# Installed by hermes-env scripts/install-apptainer.sh; see its header.
-# As uid 0 in the initial user namespace, run apptainer inside
-# 'unshare --user --map-root-user' (real root lacks CAP_SYS_RESOURCE here and
-# apptainer's starter refuses to start). HERMES_APPTAINER_NO_UNSHARE=1: don't.
-real=$REAL
-if [ "\$(id -u)" = 0 ] && [ -z "\${HERMES_APPTAINER_NO_UNSHARE:-}" ] \\
-   && read -r _in _out _count </proc/self/uid_map && [ "\$_count" = 4294967295 ]; then
-    exec unshare --user --map-root-user "\$real" "\$@"
-fi
-exec "\$real" "\$@"
-EOF
-chmod 755 "$WRAPPER".tmp
-mv -f "$WRAPPER".tmp "$WRAPPER"
+ln -sfn "$REAL" "$WRAPPER"
 
 # --- step 10: smoke test ------------------------------------------------------
-step "10 (smoke test: build a SIF from a tiny rootfs and exec in it)"
+step "10 (smoke test: build a SIF from a tiny rootfs, exec, instance start/exec/stop)"
 rootfs=$WORK/rootfs
 mkdir -p "$rootfs"/bin "$rootfs"/etc
-cp -L "$(type -P true)" "$rootfs"/bin/true
-for l in $(ldd "$(type -P true)" | grep -o '/[^ ]*'); do
-    mkdir -p "$rootfs$(dirname "$l")"; cp -L "$l" "$rootfs$l"
+# /bin/sh is needed: without it the build silently leaves out /.singularity.d
+# (startscript etc.) and `instance start` then fails.
+for b in true cat bash; do
+    p=$(type -P "$b") || die "$b not found on the host"
+    cp -L "$p" "$rootfs/bin/$b"
+    for l in $(ldd "$p" | grep -o '/[^ ]*'); do
+        mkdir -p "$rootfs$(dirname "$l")"; cp -Ln "$l" "$rootfs$l"
+    done
 done
-echo 'root:x:0:0:root:/root:/bin/true' >"$rootfs"/etc/passwd
-(cd "$WORK" && HOME=$WORK "$WRAPPER" -s build "$WORK"/smoke.sif "$rootfs" >"$WORK"/smoke.log 2>&1) \
+ln -s bash "$rootfs"/bin/sh
+echo 'root:x:0:0:root:/:/bin/sh' >"$rootfs"/etc/passwd
+echo hermes-smoke-marker >"$rootfs"/marker
+smoke() { (cd / && HOME=$WORK "$WRAPPER" -s "$@") 2>>"$WORK"/smoke.log; }
+smoke build "$WORK"/smoke.sif "$rootfs" >>"$WORK"/smoke.log \
     || die "apptainer build failed: $(tail -n5 "$WORK"/smoke.log)"
-(cd "$WORK" && HOME=$WORK "$WRAPPER" -s exec --containall "$WORK"/smoke.sif /bin/true >>"$WORK"/smoke.log 2>&1) \
+smoke exec --containall "$WORK"/smoke.sif /bin/true \
     || die "apptainer exec failed: $(tail -n5 "$WORK"/smoke.log)"
+inst=hermes-smoke-$$
+smoke instance start --containall --no-home --writable-tmpfs "$WORK"/smoke.sif "$inst" \
+    || die "apptainer instance start failed: $(tail -n5 "$WORK"/smoke.log)"
+out=$(smoke exec --pwd / "instance://$inst" /bin/cat /marker || true)
+smoke instance stop "$inst" || true
+[[ $out == hermes-smoke-marker ]] \
+    || die "exec instance:// did not run inside the instance (got '$out'): $(tail -n5 "$WORK"/smoke.log)"
 
 printf 'apptainer %s\nlibc6 %s\nmirror %s %s\n' "$APPTAINER_VER" "$LIBC_VER" "$MIRROR" "$SUITE" >"$STAMP"
 STEP=done
