@@ -1,0 +1,371 @@
+"""BaseEnvironment: the one ``execute()`` flow every backend runs through.
+
+A backend supplies how to start bash (``_run_bash``) and how to let go of its
+resources (``cleanup``); state, timeouts, cancel, stdin and output live here.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
+from .handles import ProcessHandle
+from .options import EnvironmentConfig
+from .output import FrameSplitter, OutputCapture
+from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, ExecResult
+from .session import ShellSession, StateParseError, WrappedCommand
+
+__all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
+
+StdinMode = Literal["pipe", "heredoc", "payload"]
+
+
+class CancelToken(threading.Event):
+    """A ``threading.Event`` named for what it is used for here."""
+
+
+_POLL_S = 0.02  # how often a quiet command is checked for cancel and exit
+_DRAIN_S = 0.2  # how long to keep reading after bash has exited
+
+
+class _Run:
+    """Result of driving one wrapped script to its end."""
+
+    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt")
+
+    def __init__(self) -> None:
+        self.captured = None
+        self.frame: tuple[int, str, str] | None = None
+        self.exit_code = 0
+        self.timed_out = False
+        self.interrupted = False
+        self.corrupt = False
+
+
+class BaseEnvironment(abc.ABC):
+    """One long-lived shell, as seen by the agent, over any backend.
+
+    Thread-safe: ``execute()`` may be called from several threads at once.
+    """
+
+    #: registry name, set by the backend class
+    name: ClassVar[str] = "base"
+    #: how stdin reaches the command: a stream (pipe), embedded in the script
+    #: (heredoc), or handed to the backend as a separate argument (payload)
+    stdin_mode: ClassVar[StdinMode] = "pipe"
+    #: whether the wrapper should record its pid for ``_kill_tree``
+    records_pid: ClassVar[bool] = False
+    config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+
+    def __init__(self, config: EnvironmentConfig | None = None, **options: Any) -> None:
+        if config is None:
+            config = self.config_model(**options)
+        elif options:
+            config = config.model_copy(update=options)
+        self.config = config
+        self.task_id = config.task_id or os.urandom(4).hex()
+        self._session: ShellSession | None = None
+        self._init_lock = threading.Lock()
+        self._login_each = False
+        self._closed = False
+        self._notes: list[str] = []
+        self._notes_lock = threading.Lock()
+
+    # -- what a backend implements ------------------------------------------
+    @abc.abstractmethod
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        """Start ``bash -c script`` (``bash -l`` when ``login``) in the target.
+
+        stdout and stderr must arrive merged on ``handle.stdout``. ``stdin_data``
+        is None unless ``stdin_mode`` is ``pipe`` or ``payload``. ``timeout`` is
+        advisory (the base class enforces it); raise ``EnvironmentUnavailable``
+        when the target cannot run anything.
+        """
+
+    @abc.abstractmethod
+    def cleanup(self) -> None:
+        """Release the backend's resources. Called once by ``close()``."""
+
+    def _before_execute(self) -> None:
+        """Hook run before each command (remote backends sync files here)."""
+
+    def _state_dir(self) -> str:
+        """A directory in the target where the session may keep small files."""
+        return "/tmp"
+
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        """Stop the command's whole process tree; the default signals the handle."""
+        if graceful and hasattr(handle, "terminate"):
+            handle.terminate()  # type: ignore[attr-defined]
+        else:
+            handle.kill()
+
+    def _has_live_processes(self) -> bool:
+        """True while background processes started in this environment run."""
+        return False
+
+    # -- helpers a backend may call ------------------------------------------
+    def _note(self, text: str) -> None:
+        """Attach a note to the next result (e.g. 'environment recreated')."""
+        with self._notes_lock:
+            self._notes.append(text)
+
+    @property
+    def session(self) -> ShellSession:
+        self._ensure_session()
+        assert self._session is not None
+        return self._session
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- public API ------------------------------------------------------------
+    def execute(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        cancel: threading.Event | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> ExecResult:
+        """Run ``command`` as if typed into one long-lived bash."""
+        if self._closed:
+            raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+        started = time.monotonic()
+        self._before_execute()
+        session = self.session
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        heredoc = data if self.stdin_mode == "heredoc" and data is not None else None
+        wrapped = session.wrap(command, cwd=cwd, stdin_heredoc=heredoc, record_pid=self.records_pid)
+        limit = self.config.max_output_bytes
+        capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
+        eff_timeout = self.config.timeout if timeout is None else timeout
+        try:
+            run = self._drive(
+                wrapped,
+                capture,
+                login=self._login_each,
+                timeout=eff_timeout,
+                stdin_data=None if heredoc is not None else data,
+                cancel=cancel,
+            )
+        finally:
+            session.release(wrapped)
+        notes = self._take_notes()
+        exit_code = run.exit_code
+        if run.frame is not None and not run.corrupt:
+            try:
+                session.accept(wrapped, _frame(run.frame))
+            except StateParseError as exc:
+                notes.append(f"session state not saved: {exc}")
+        elif run.corrupt:
+            notes.append("session state not saved: its record was interleaved with background output")
+        if exit_code == EXIT_CWD and run.frame is not None and run.frame[1] == "" and not wrapped.explicit_cwd:
+            reset = session.reset_cwd()
+            notes.append(f"working directory {wrapped.cwd} is gone; session directory reset to {reset}")
+        if run.timed_out:
+            notes.append(f"command timed out after {eff_timeout:g}s")
+        cap = run.captured
+        assert cap is not None
+        return ExecResult(
+            output=cap.text,
+            exit_code=exit_code,
+            timed_out=run.timed_out,
+            interrupted=run.interrupted,
+            truncated=cap.truncated,
+            cwd=(run.frame[1] or session.cwd) if run.frame else session.cwd,
+            duration_s=time.monotonic() - started,
+            output_path=cap.spill_path,
+            dropped_bytes=cap.dropped_bytes,
+            notes=tuple(notes),
+        )
+
+    def close(self) -> None:
+        """Release the environment; later ``execute()`` calls raise."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cleanup()
+
+    def __enter__(self) -> BaseEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} task_id={self.task_id!r}{' closed' if self._closed else ''}>"
+
+    # -- internals --------------------------------------------------------------
+    def _take_notes(self) -> list[str]:
+        with self._notes_lock:
+            notes, self._notes = self._notes, []
+        return notes
+
+    def _ensure_session(self) -> None:
+        if self._session is not None:
+            return
+        with self._init_lock:
+            if self._session is not None:
+                return
+            session = ShellSession(
+                state_dir=self._state_dir(),
+                default_cwd=self.config.cwd,
+                excluded_prefixes=self.config.session_exclude_prefixes,
+                env_id=self.task_id,
+            )
+            base = self._snapshot(session, login=False)
+            if base is None:
+                raise EnvironmentUnavailable(
+                    f"{self.name}: bash in the target did not report its state; is bash installed there?"
+                )
+            session.accept(base[0], base[1], as_baseline=True)
+            login = self._snapshot(session, login=True)
+            state = None
+            if login is not None:
+                try:
+                    state = session.accept(login[0], login[1])
+                except StateParseError:
+                    state = None
+            if state is None:
+                # A broken ~/.profile: start from the plain state and let every
+                # command run as a login shell instead.
+                self._login_each = True
+                state = session.baseline
+            assert state is not None
+            session.set_state(session.interactive_defaults(state))
+            self._session = session
+
+    def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any] | None:
+        wrapped = session.wrap(":", snapshot=True, record_pid=self.records_pid)
+        capture = OutputCapture(self.config.max_output_bytes)
+        try:
+            run = self._drive(wrapped, capture, login=login, timeout=60.0, stdin_data=None, cancel=None)
+        finally:
+            session.release(wrapped)
+        if run.frame is None or run.corrupt or run.exit_code != 0:
+            return None
+        return wrapped, _frame(run.frame)
+
+    def _drive(
+        self,
+        wrapped: WrappedCommand,
+        capture: OutputCapture,
+        *,
+        login: bool,
+        timeout: float | None,
+        stdin_data: bytes | None,
+        cancel: threading.Event | None,
+    ) -> _Run:
+        run = _Run()
+        splitter = FrameSplitter(wrapped.marker, capture.feed)
+        handle = self._run_bash(wrapped.script, login=login, timeout=timeout, stdin_data=stdin_data)
+        stdout = handle.stdout
+        if stdout is None:
+            raise BackendError(f"{self.name}: the process handle has no stdout")
+        fd = stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        start = time.monotonic()
+        deadline = start + timeout if timeout else None
+        kill_at: float | None = None  # when SIGKILL follows SIGTERM
+        exited_at: float | None = None
+        reason: str | None = None
+        read = os.read
+        try:
+            while True:
+                now = time.monotonic()
+                wait = _POLL_S
+                if deadline is not None and reason is None:
+                    wait = min(wait, max(deadline - now, 0.0))
+                if splitter.done:
+                    wait = 0.0
+                try:
+                    events = poller.poll(wait * 1000.0)
+                except InterruptedError:
+                    events = []
+                if events:
+                    try:
+                        data = read(fd, 65536)
+                    except OSError as exc:
+                        if exc.errno in (errno.EAGAIN, errno.EINTR):
+                            continue
+                        data = b""
+                    if data:
+                        splitter.feed(data)
+                        continue
+                    break  # EOF: everyone holding the pipe is gone
+                if splitter.done:
+                    break  # bash reported and is exiting; background children may hold the pipe
+                now = time.monotonic()
+                if reason is None:
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancel"
+                    elif deadline is not None and now >= deadline:
+                        reason = "timeout"
+                    if reason is not None:
+                        self._kill_tree(handle, wrapped, graceful=True)
+                        kill_at = now + self.config.kill_grace_s
+                elif kill_at is not None and now >= kill_at:
+                    self._kill_tree(handle, wrapped, graceful=False)
+                    kill_at = None
+                if handle.poll() is not None:
+                    # bash is gone but a pipe holder lingers: take what is there.
+                    if exited_at is None:
+                        exited_at = now
+                    elif now - exited_at > _DRAIN_S:
+                        break
+            splitter.flush()
+            run.frame = splitter.frame
+            run.corrupt = splitter.corrupt
+            code = self._reap(handle, reason is not None)
+        finally:
+            try:
+                stdout.close()
+            except OSError:
+                pass
+        run.captured = capture.finish()
+        if reason == "cancel":
+            run.exit_code, run.interrupted = EXIT_CANCELLED, True
+        elif reason == "timeout":
+            run.exit_code, run.timed_out = EXIT_TIMEOUT, True
+        elif run.frame is not None and not run.corrupt:
+            run.exit_code = run.frame[0]
+        else:
+            run.exit_code = 128 - code if code < 0 else code
+        return run
+
+    def _reap(self, handle: ProcessHandle, killed: bool) -> int:
+        try:
+            return handle.wait(timeout=10.0)
+        except BackendError:
+            raise
+        except TimeoutError:
+            handle.kill()
+            try:
+                return handle.wait(timeout=5.0)
+            except TimeoutError as exc:
+                raise BackendError(f"{self.name}: command did not exit after being killed") from exc
+        except Exception as exc:  # subprocess.TimeoutExpired and SDK errors
+            if type(exc).__name__ == "TimeoutExpired":
+                handle.kill()
+                return handle.wait(timeout=5.0)
+            raise BackendError(f"{self.name}: lost the command: {exc!r}") from exc
+
+
+def _frame(raw: tuple[int, str, str]):
+    from .session import Frame
+
+    return Frame(exit_code=raw[0], cwd=raw[1], state_text=raw[2])

@@ -1,0 +1,27 @@
+"""Options every backend accepts; each backend's config model extends this one."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .output import DEFAULT_MAX_OUTPUT_BYTES
+from .session import DEFAULT_EXCLUDED_PREFIXES
+
+__all__ = ["EnvironmentConfig"]
+
+
+class EnvironmentConfig(BaseModel):
+    """Common options. Unknown keys are rejected, naming the key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str | None = Field(None, description="Names the environment; backends reuse resources by it.")
+    cwd: str | None = Field(None, description="Initial working directory in the target.")
+    timeout: float | None = Field(180.0, gt=0, description="Default per-command timeout in seconds.")
+    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, ge=1024, description="Output kept per command.")
+    spill_dir: str | None = Field(None, description="Directory for the full output of truncated commands.")
+    session_exclude_prefixes: tuple[str, ...] = Field(
+        DEFAULT_EXCLUDED_PREFIXES, description="Variables with these prefixes never enter the saved state."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Variables set in the environment.")
+    kill_grace_s: float = Field(1.0, ge=0, description="Seconds between SIGTERM and SIGKILL on timeout.")

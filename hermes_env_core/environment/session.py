@@ -1,0 +1,402 @@
+"""Shell state capture and restore: what makes spawn-per-call feel like one bash.
+
+Each command runs in a fresh ``bash -c``. The wrapper built here restores the
+session (variables, functions, aliases, options, cwd) before the command and,
+from an EXIT trap, dumps the new state into one framed block on the command's
+stdout. Python owns the authoritative copy, so a recreated sandbox gets it back.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import secrets
+import shlex
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEFAULT_EXCLUDED_PREFIXES",
+    "Frame",
+    "SessionState",
+    "ShellSession",
+    "StateParseError",
+    "WrappedCommand",
+    "kill_tree_script",
+    "parse_state_dump",
+]
+
+DEFAULT_EXCLUDED_PREFIXES: tuple[str, ...] = ("HERMES_SESSION_",)
+
+# Variables bash owns or re-creates in every process; restoring them is wrong
+# (read-only, dynamic, or describing the old process).
+_BASH_OWNED = frozenset(
+    """
+    BASH BASHOPTS BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS
+    BASH_COMMAND BASH_EXECUTION_STRING BASH_LINENO BASH_LOADABLES_PATH BASH_REMATCH
+    BASH_SOURCE BASH_SUBSHELL BASH_VERSINFO BASH_VERSION BASH_MONOSECONDS
+    BASH_TRAPSIG COLUMNS COMP_WORDBREAKS DIRSTACK EPOCHREALTIME EPOCHSECONDS EUID
+    FUNCNAME GROUPS HISTCMD HOSTNAME HOSTTYPE LINENO LINES MACHTYPE OPTERR OPTIND
+    OSTYPE PIPESTATUS PPID PWD RANDOM SECONDS SHELLOPTS SHLVL SRANDOM UID _
+    """.split()
+)
+# shopt options that cannot be set, and set -o options that only make sense
+# in an interactive shell.
+_UNSETTABLE_SHOPT = frozenset({"login_shell", "restricted_shell"})
+_SKIP_SETO = frozenset({"emacs", "vi", "history", "monitor"})
+
+_DECL_RE = re.compile(r"declare -([-a-zA-Z]+) ([A-Za-z_][A-Za-z0-9_]*)")
+_MARK = b"\x1e"
+
+
+class StateParseError(ValueError):
+    """A state dump is incomplete or not in the expected shape."""
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """One captured shell state. Immutable, so readers never see it torn."""
+
+    variables: dict[str, str] = field(default_factory=dict)  # name -> declare line
+    functions: str = ""
+    aliases: str = ""
+    shellopts: frozenset[str] = frozenset()
+    bashopts: frozenset[str] = frozenset()
+    all_seto: frozenset[str] = frozenset()
+    all_shopt: frozenset[str] = frozenset()
+    umask: str | None = None
+    cwd: str | None = None
+
+    @property
+    def exported(self) -> dict[str, str]:
+        return {n: line for n, line in self.variables.items() if "x" in _flags(line)}
+
+
+def _flags(line: str) -> str:
+    m = _DECL_RE.match(line)
+    return m.group(1) if m else ""
+
+
+def _keep_var(name: str, prefixes: Sequence[str]) -> bool:
+    if name in _BASH_OWNED or name.startswith("__hermes_"):
+        return False
+    return not any(name.startswith(p) for p in prefixes)
+
+
+def parse_state_dump(dump: str, sep: str, prefixes: Sequence[str], cwd: str | None) -> SessionState:
+    """Parse what the EXIT trap wrote. Raises StateParseError when incomplete."""
+    parts = dump.split(sep + "\n")
+    if len(parts) != 7 or parts[6] != "":
+        raise StateParseError(f"state dump has {len(parts) - 1} of 6 sections")
+    var_text, func_text, alias_text, seto_text, shopt_text, so_text = parts[:6]
+    variables: dict[str, str] = {}
+    for line in var_text.splitlines():
+        m = _DECL_RE.match(line)
+        if m is None:
+            raise StateParseError(f"unexpected line in variable dump: {line[:80]!r}")
+        if _keep_var(m.group(2), prefixes):
+            variables[m.group(2)] = line
+    all_seto = frozenset(ln.split()[-1] for ln in seto_text.splitlines() if ln.startswith("set "))
+    shopts = [ln.split() for ln in shopt_text.splitlines() if ln.startswith("shopt ")]
+    umask = next((ln.split()[-1] for ln in seto_text.splitlines() if ln.startswith("umask ")), None)
+    if not all_seto or not shopts:
+        raise StateParseError("option sections are empty")
+    return SessionState(
+        variables=variables,
+        functions=func_text,
+        aliases=alias_text,
+        shellopts=frozenset(filter(None, so_text.strip("\n").split(":"))),
+        bashopts=frozenset(w[2] for w in shopts if w[1] == "-s"),
+        all_seto=all_seto,
+        all_shopt=frozenset(w[2] for w in shopts),
+        umask=umask,
+        cwd=cwd,
+    )
+
+
+# The trap body. Only builtins, no forks: every external process here would
+# cost about a millisecond per command. ``builtin`` guards against user
+# functions or aliases named like them.
+_SAVE_FN = r"""__hermes_save() {
+builtin unset -f __hermes_save
+{ builtin declare -p; builtin printf '%s\n' "$__hermes_sep"
+builtin declare -f; builtin printf '%s\n' "$__hermes_sep"
+builtin alias -p; builtin printf '%s\n' "$__hermes_sep"
+builtin set +o; builtin umask -p; builtin printf '%s\n' "$__hermes_sep"
+builtin shopt -p; builtin printf '%s\n%s\n' "$__hermes_sep" "$__hermes_so"
+builtin printf '%s\n' "$__hermes_sep"; } >"$__hermes_f" 2>/dev/null
+local __hermes_s= __hermes_d=$PWD
+[ -n "$__hermes_nocd" ] && __hermes_d=
+IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
+local LC_ALL=C
+builtin printf '\036%s:S%d %d %d\n%s%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "${#__hermes_s}" "$__hermes_d" "$__hermes_s" "$__hermes_n" >&"$__hermes_o"
+}
+"""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What the wrapper reported about itself on the output stream."""
+
+    exit_code: int
+    cwd: str
+    state_text: str
+
+
+@dataclass
+class WrappedCommand:
+    """One generated script and the keys needed to read its output back."""
+
+    script: str
+    nonce: str
+    sep: str
+    slot: int
+    explicit_cwd: bool
+    cwd: str | None
+    state_file: str = ""
+
+    @property
+    def pidfile(self) -> str:
+        return self.state_file + ".pid"
+
+    @property
+    def marker(self) -> bytes:
+        return _MARK + self.nonce.encode() + b":"
+
+
+class ShellSession:
+    """Holds the session state of one environment and wraps commands.
+
+    Thread-safe: concurrent commands each restore the state current when they
+    start; whichever finishes last wins, and a state is replaced whole.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: str,
+        default_cwd: str | None = None,
+        excluded_prefixes: Iterable[str] = DEFAULT_EXCLUDED_PREFIXES,
+        env_id: str | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.excluded_prefixes = tuple(excluded_prefixes)
+        self.env_id = env_id or secrets.token_hex(4)
+        self._lock = threading.Lock()
+        self._baseline: SessionState | None = None
+        self._state: SessionState | None = None
+        self._cwd = default_cwd
+        self._default_cwd = default_cwd
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+
+    # -- state -----------------------------------------------------------
+    @property
+    def state(self) -> SessionState | None:
+        return self._state
+
+    @property
+    def cwd(self) -> str | None:
+        return self._cwd
+
+    @property
+    def baseline(self) -> SessionState | None:
+        return self._baseline
+
+    def set_baseline(self, state: SessionState) -> None:
+        with self._lock:
+            self._baseline = state
+
+    def set_state(self, state: SessionState) -> None:
+        with self._lock:
+            self._state = state
+            if state.cwd:
+                self._cwd = state.cwd
+            if self._default_cwd is None and state.cwd:
+                self._default_cwd = state.cwd
+
+    def reset_cwd(self) -> str | None:
+        with self._lock:
+            self._cwd = self._default_cwd
+            return self._cwd
+
+    # -- wrapping --------------------------------------------------------
+    def wrap(self, command: str, *, cwd: str | None = None, stdin_heredoc: bytes | None = None,
+             snapshot: bool = False, record_pid: bool = False) -> WrappedCommand:
+        """Build the script for one command (``snapshot``: capture only, no restore)."""
+        nonce = secrets.token_hex(12)
+        sep = f"#hermes-state:{nonce}"
+        with self._lock:
+            state = None if snapshot else self._state
+            baseline = self._baseline
+            session_cwd = self._cwd
+            new_slot = not self._free_slots
+            slot = self._take_slot() if new_slot else self._free_slots.pop()
+        explicit = cwd is not None
+        target_cwd = cwd if explicit else session_cwd
+        if explicit and session_cwd and not posixpath.isabs(cwd or ""):
+            target_cwd = posixpath.join(session_cwd, cwd or "")
+        state_file = posixpath.join(self.state_dir, f".hermes-{self.env_id}-{slot}.state")
+        parts = [
+            _SAVE_FN,
+            f"__hermes_n={nonce}; __hermes_sep='{sep}'; __hermes_f={shlex.quote(state_file)}; __hermes_nocd=\n",
+            "trap '{ __hermes_rc=$? __hermes_so=$SHELLOPTS; builtin set +eux +o pipefail; } 2>/dev/null; __hermes_save' EXIT\n",
+            "exec {__hermes_o}>&1 2>&1\n",
+        ]
+        if new_slot:
+            # Created once per slot in a subshell, so the user's umask is untouched.
+            parts.append('( builtin umask 077; : >"$__hermes_f" ) 2>/dev/null\n')
+        if record_pid:
+            parts.append(pidfile_line())
+        if state is not None:
+            parts.append(self._restore_text(state, baseline))
+        if target_cwd:
+            q = shlex.quote(target_cwd)
+            parts.append(
+                f"builtin cd -- {q} 2>/dev/null || {{ __hermes_nocd=1; "
+                f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}\n"
+            )
+        if state is not None:
+            parts.append(self._options_text(state, baseline))
+        # The whole preamble is one physical line, so the command's own lines
+        # are numbered as in a plain ``bash -c`` (bash's messages say
+        # "line N"), whatever the size of the restored state.
+        body = _with_heredoc(command, stdin_heredoc) if stdin_heredoc is not None else command
+        script = "builtin eval " + ansi_c_quote("".join(parts)) + "\n" + body + "\n"
+        return WrappedCommand(script, nonce, sep, slot, explicit, target_cwd, state_file)
+
+    def _take_slot(self) -> int:
+        self._next_slot += 1
+        return self._next_slot - 1
+
+    def release(self, wrapped: WrappedCommand) -> None:
+        with self._lock:
+            self._free_slots.append(wrapped.slot)
+
+    def _restore_text(self, state: SessionState, baseline: SessionState | None) -> str:
+        base_vars = baseline.variables if baseline else {}
+        lines = [line for name, line in state.variables.items() if base_vars.get(name) != line]
+        removed = [n for n in base_vars if n not in state.variables]
+        out = "\n".join(lines)
+        if out:
+            out += "\n"
+        if removed:
+            out += "builtin unset -v " + " ".join(removed) + " 2>/dev/null\n"
+        if state.functions:
+            out += state.functions if state.functions.endswith("\n") else state.functions + "\n"
+        if state.aliases:
+            out += state.aliases if state.aliases.endswith("\n") else state.aliases + "\n"
+        return out
+
+    def _options_text(self, state: SessionState, baseline: SessionState | None) -> str:
+        base_so = baseline.shellopts if baseline else frozenset()
+        base_bo = baseline.bashopts if baseline else frozenset()
+        on_so = sorted((state.shellopts - base_so) - _SKIP_SETO)
+        off_so = sorted(((base_so - state.shellopts) & state.all_seto) - _SKIP_SETO)
+        on_bo = sorted((state.bashopts - base_bo) - _UNSETTABLE_SHOPT)
+        off_bo = sorted(((base_bo - state.bashopts) & state.all_shopt) - _UNSETTABLE_SHOPT)
+        # LINENO=0 makes bash's messages read like an interactive shell's
+        # ("bash: x: command not found"), without our wrapper's line numbers.
+        out = "LINENO=0\n"
+        if state.umask and state.umask != (baseline.umask if baseline else None):
+            out += f"builtin umask {state.umask}\n"
+        if on_bo:
+            out += "builtin shopt -s " + " ".join(on_bo) + "\n"
+        if off_bo:
+            out += "builtin shopt -u " + " ".join(off_bo) + "\n"
+        # xtrace last, so that nothing of ours is traced.
+        flags = [f"+o {o}" for o in off_so] + [f"-o {o}" for o in on_so if o != "xtrace"]
+        if "xtrace" in on_so:
+            flags.append("-o xtrace")
+        if flags:
+            out += "builtin set " + " ".join(flags) + "\n"
+        return out
+
+    def interactive_defaults(self, state: SessionState) -> SessionState:
+        """The session starts with aliases expanded, as an interactive bash does."""
+        return SessionState(**{**state.__dict__, "bashopts": state.bashopts | {"expand_aliases"}})
+
+    # -- reading back ----------------------------------------------------
+    def accept(self, wrapped: WrappedCommand, frame: Frame | None, *, as_baseline: bool = False) -> SessionState | None:
+        """Install the state a finished command reported; None if it reported none."""
+        if frame is None:
+            return None
+        state = parse_state_dump(frame.state_text, wrapped.sep, self.excluded_prefixes, frame.cwd or None)
+        if as_baseline:
+            self.set_baseline(state)
+            return state
+        if wrapped.explicit_cwd:
+            # A one-off cwd does not move the session.
+            state = SessionState(**{**state.__dict__, "cwd": self._cwd})
+        self.set_state(state)
+        return state
+
+
+def ansi_c_quote(text: str) -> str:
+    """Quote ``text`` as one bash ``$'...'`` word with no raw newline in it."""
+    return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def _with_heredoc(command: str, data: bytes) -> str:
+    """Feed ``data`` to ``command`` through a heredoc whose delimiter is not in it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:
+        import base64
+
+        body = base64.encodebytes(data).decode("ascii")
+        delim = _delimiter(body)
+        return f"{{\n{command}\n}} < <(base64 -d <<'{delim}'\n{body}{delim}\n)"
+    delim = _delimiter(text)
+    if text == "" or text.endswith("\n"):
+        return f"{{\n{command}\n}} <<'{delim}'\n{text}{delim}\n"
+    # A heredoc always ends in a newline; strip the one we had to add.
+    return (
+        f"{{\n{command}\n}} < <(IFS= builtin read -r -d '' __hermes_in <<'{delim}'\n{text}\n{delim}\n"
+        f"builtin printf '%s' \"${{__hermes_in%$'\\n'}}\")"
+    )
+
+
+def _delimiter(text: str) -> str:
+    lines = set(text.split("\n"))
+    while True:
+        delim = "HERMES_EOF_" + secrets.token_hex(8)
+        if delim not in lines:
+            return delim
+
+
+# Ends a process tree inside a target where we can only run another command:
+# walks /proc by parent pid (bash builtins only), stops the tree so it cannot
+# fork away, signals it, then lets it run to receive the signal.
+KILL_TREE_FN = r"""__hermes_kill_tree() {
+local sig=$1 root=$2 p s pp rest
+local -A kids=()
+for p in /proc/[0-9]*; do
+  IFS= read -r s <"$p/stat" 2>/dev/null || continue
+  rest=${s##*) }; rest=${rest#* }; pp=${rest%% *}
+  kids[$pp]+=" ${p#/proc/}"
+done
+local -a todo=("$root") all=()
+while ((${#todo[@]})); do
+  p=${todo[0]}; todo=("${todo[@]:1}"); all+=("$p")
+  todo+=(${kids[$p]})
+done
+builtin kill -STOP "${all[@]}" 2>/dev/null
+builtin kill "-$sig" "${all[@]}" 2>/dev/null
+builtin kill -CONT "${all[@]}" 2>/dev/null
+return 0
+}
+"""
+
+
+def kill_tree_script(pid: int, sig: str = "TERM") -> str:
+    """A bash script that sends ``sig`` to ``pid`` and all its descendants."""
+    return f"{KILL_TREE_FN}__hermes_kill_tree {shlex.quote(sig)} {int(pid)}\n"
+
+
+def pidfile_line(path_expr: str = '"$__hermes_f.pid"') -> str:
+    """Script line recording the wrapper's pid for a later ``kill_tree_script``."""
+    return f"builtin printf '%d' $$ >{path_expr}\n"

@@ -1,0 +1,70 @@
+"""Errors raised by hermes-env.
+
+A command that ran and failed is an ``ExecResult`` with its exit code; everything
+here means the environment itself could not do what was asked.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendNotInstalledError",
+    "ConfigError",
+    "DuplicateBackendError",
+    "EnvironmentClosedError",
+    "EnvironmentUnavailable",
+    "HermesEnvError",
+    "PluginLoadError",
+    "SyncError",
+    "UnsafeArchiveError",
+    "UnsupportedOperation",
+]
+
+
+class HermesEnvError(Exception):
+    """Base class of every error hermes-env raises."""
+
+
+class EnvironmentUnavailable(HermesEnvError):
+    """The backend cannot run commands: engine down, connection lost, SDK failure."""
+
+
+class BackendError(EnvironmentUnavailable):
+    """The backend failed while a command was running (never a fake exit code)."""
+
+
+class EnvironmentClosedError(EnvironmentUnavailable):
+    """``execute()`` was called after ``cleanup()``."""
+
+
+class ConfigError(HermesEnvError, ValueError):
+    """A configuration value is missing, unknown or invalid."""
+
+
+class BackendNotFoundError(HermesEnvError, LookupError):
+    """No installed plugin provides the requested backend name."""
+
+
+class BackendNotInstalledError(BackendNotFoundError):
+    """The name is a known backend whose distribution is not installed."""
+
+
+class DuplicateBackendError(HermesEnvError):
+    """Two plugins register the same backend name or alias."""
+
+
+class PluginLoadError(HermesEnvError):
+    """A plugin or its backend class could not be imported."""
+
+
+class UnsupportedOperation(HermesEnvError):
+    """The backend does not support this operation."""
+
+
+class SyncError(HermesEnvError):
+    """File sync to or from a remote environment failed."""
+
+
+class UnsafeArchiveError(SyncError):
+    """A pulled-back archive holds a path, link or size that is refused."""
