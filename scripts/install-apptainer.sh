@@ -34,7 +34,9 @@
 #      libexec's starter); session dirs likewise under .../var/lib/apptainer.
 #      The package's own etc/apptainer is unpacked too and reached through
 #      symlinks: usr/etc, usr/lib/etc -> etc; usr/var, usr/lib/var -> var.
-#      It is the Debian default config but for root's capabilities (below).
+#      It is the Debian default config but for root's capabilities (below)
+#      and, where systemd is not PID 1, "systemd cgroups = no" (so that
+#      --cpus/--memory work as root through the cgroupfs manager).
 #      Nothing goes in /etc/apptainer, so a system apptainer, if ever
 #      installed, is unaffected.
 #   6. root's capability config (see DECISION below), then the symlink
@@ -241,6 +243,12 @@ conf_file=$PREFIX/etc/apptainer/apptainer.conf
 grep -q '^root default capabilities = full$' "$conf_file" \
     || die "apptainer.conf has no 'root default capabilities = full' line (config format changed)"
 sed -i 's/^root default capabilities = full$/root default capabilities = file/' "$conf_file"
+# Without systemd as PID 1 the default "systemd cgroups = yes" makes every
+# --cpus/--memory fail ("cannot use systemd cgroups manager, systemd not
+# running as init on this host"); the cgroupfs manager works (as root).
+if [[ $(cat /proc/1/comm 2>/dev/null) != systemd ]]; then
+    sed -i 's/^systemd cgroups = yes$/systemd cgroups = no/' "$conf_file"
+fi
 
 # --- step 9: symlink on PATH ----------------------------------------------
 step "9 (symlink $WRAPPER -> $REAL)"
