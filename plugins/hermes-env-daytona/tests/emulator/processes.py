@@ -1,0 +1,236 @@
+"""Real local processes behind ``/process/execute`` and the session API.
+
+Every command is a real ``bash`` process in its own process group, so a
+timeout or a sandbox stop kills the whole tree (``os.killpg``), as the daemon
+does.  Nothing here sleeps to wait: completion is observed through pipes
+(``communicate`` / a reader thread on the session shell's stdout).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Grace between SIGTERM and SIGKILL when a command times out or its sandbox stops.
+TERMINATE_GRACE_S = 0.5
+
+
+def kill_group(proc: subprocess.Popen, grace: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERM the process group, then SIGKILL it if the leader outlives ``grace``."""
+    if proc.poll() is not None:
+        # The leader is gone; children may still hold the group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class ExecOutcome:
+    exit_code: int
+    output: str
+    timed_out: bool
+
+
+class ProcessTable:
+    """The live processes of one sandbox, so stop/delete/close can kill them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.add(proc)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+            self._procs.clear()
+        for proc in procs:
+            kill_group(proc, grace=0.2)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._procs)
+
+
+def run_command(
+    command: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    table: ProcessTable,
+) -> ExecOutcome:
+    """``bash -c command`` with stdout and stderr merged, killed as a group at ``timeout``."""
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=str(cwd),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    table.add(proc)
+    try:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            # A grandchild that escaped the group could keep the pipe open; bound the drain.
+            try:
+                out, _ = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out = b""
+            timed_out = True
+    finally:
+        table.discard(proc)
+    return ExecOutcome(
+        exit_code=proc.returncode if proc.returncode is not None else -1,
+        output=out.decode("utf-8", errors="replace"),
+        timed_out=timed_out,
+    )
+
+
+@dataclass
+class SessionCommand:
+    id: str
+    command: str
+    dir: Path
+    exit_code: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def stdout(self) -> str:
+        return _read_text(self.dir / "stdout")
+
+    def stderr(self) -> str:
+        return _read_text(self.dir / "stderr")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+class ShellSession:
+    """A long-lived ``bash`` reading commands from its stdin (cwd/env persist).
+
+    Each command is written to a file and sourced inside a group whose stdout and
+    stderr go to per-command files; the shell then prints ``<cmd-id> <status>`` on
+    its own stdout, which a reader thread turns into the command's completion.
+    ``exit`` in a command ends the session, as on the daemon.
+    """
+
+    def __init__(self, session_id: str, *, cwd: Path, env: dict[str, str], state_dir: Path, table: ProcessTable):
+        self.id = session_id
+        self._dir = state_dir
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.commands: dict[str, SessionCommand] = {}
+        self._table = table
+        self._proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            cwd=str(cwd),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        table.add(self._proc)
+        self._reader = threading.Thread(target=self._read_markers, name=f"emu-session-{session_id}", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _read_markers(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            parts = raw.decode("utf-8", errors="replace").split()
+            if len(parts) != 2:
+                continue
+            with self._lock:
+                cmd = self.commands.get(parts[0])
+            if cmd is None:
+                continue
+            try:
+                cmd.exit_code = int(parts[1])
+            except ValueError:
+                cmd.exit_code = -1
+            cmd.done.set()
+        # The shell ended: every unfinished command ends with the shell's status.
+        rc = self._proc.wait()
+        self._table.discard(self._proc)
+        with self._lock:
+            pending = [c for c in self.commands.values() if not c.done.is_set()]
+        for cmd in pending:
+            cmd.exit_code = rc
+            cmd.done.set()
+
+    def execute(self, command: str) -> SessionCommand:
+        cmd_id = str(uuid.uuid4())
+        cmd_dir = self._dir / cmd_id
+        cmd_dir.mkdir(parents=True)
+        script = cmd_dir / "cmd.sh"
+        script.write_text(command + "\n", encoding="utf-8")
+        cmd = SessionCommand(id=cmd_id, command=command, dir=cmd_dir)
+        with self._lock:
+            self.commands[cmd_id] = cmd
+        line = (
+            f"{{ . {shlex.quote(str(script))}; }} "
+            f"> {shlex.quote(str(cmd_dir / 'stdout'))} 2> {shlex.quote(str(cmd_dir / 'stderr'))} < /dev/null; "
+            f"printf '%s %d\\n' {cmd_id} $?\n"
+        )
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode("utf-8"))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            cmd.exit_code = self._proc.poll() if self._proc.poll() is not None else -1
+            cmd.done.set()
+        return cmd
+
+    def close(self) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+        kill_group(self._proc, grace=0.2)
+        self._table.discard(self._proc)
+        self._reader.join(timeout=5)
