@@ -100,7 +100,7 @@ class LocalEnvironment(BaseEnvironment):
         env = filter_environment(base, passthrough=cfg.env_passthrough, extra_blocked=cfg.env_blocklist)
         env.update(cfg.env)
         self._env = env
-        self._dir = tempfile.mkdtemp(prefix="hermes-env-")  # 0700
+        self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
 
     def _state_dir(self) -> str:
         return self._dir
@@ -148,6 +148,14 @@ class LocalEnvironment(BaseEnvironment):
 
     def cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _fast_tmp() -> str | None:
+    """A memory-backed temp dir when there is one: state files are written per command."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
 
 
 def _feed(pipe: IO[bytes] | None, data: bytes) -> None:

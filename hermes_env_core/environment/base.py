@@ -10,6 +10,7 @@ import abc
 import errno
 import os
 import select
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -330,7 +331,7 @@ class BaseEnvironment(abc.ABC):
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
-            code = self._reap(handle, reason is not None)
+            code = self._reap(handle, finished=splitter.done or reason is None)
         finally:
             try:
                 stdout.close()
@@ -347,7 +348,11 @@ class BaseEnvironment(abc.ABC):
             run.exit_code = 128 - code if code < 0 else code
         return run
 
-    def _reap(self, handle: ProcessHandle, killed: bool) -> int:
+    def _reap(self, handle: ProcessHandle, *, finished: bool) -> int:
+        # bash is known to be exiting: a plain wait() blocks in waitpid,
+        # where Popen.wait(timeout) would poll with sleeps.
+        if finished and isinstance(handle, subprocess.Popen):
+            return handle.wait()
         try:
             return handle.wait(timeout=10.0)
         except BackendError:

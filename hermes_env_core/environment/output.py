@@ -135,7 +135,8 @@ def _trim_start(data: bytes) -> bytes:
 class FrameSplitter:
     """Routes a byte stream to ``sink`` while lifting out the wrapper's frame.
 
-    The frame is ``MARK S<rc> <cwdlen> <statelen>\\n <cwd><state> MARK E\\n``
+    The frame is ``MARK S<rc> <cwdlen> <statelen> <enc>\\n <cwd><state> MARK E\\n``
+    (``enc``: newlines in the state were sent as 0x1f)
     where MARK holds a per-command nonce, so command output cannot forge it.
     Lengths are checked, so output interleaved into the frame by a background
     writer is detected instead of being restored as shell code.
@@ -149,6 +150,7 @@ class FrameSplitter:
         self._mode = 0  # 0 output, 1 header, 2 body, 3 after frame
         self._frame = bytearray()
         self._header: tuple[int, int, int] | None = None
+        self._encoded = 0
         self.frame: tuple[int, str, str] | None = None
         self.corrupt = False
 
@@ -185,7 +187,7 @@ class FrameSplitter:
                 return
             try:
                 kind, rest = self._frame[:1], self._frame[1:nl].decode("ascii")
-                rc, cwdlen, statelen = (int(x) for x in rest.split(" "))
+                rc, cwdlen, statelen, self._encoded = (int(x) for x in rest.split(" "))
                 if kind != b"S":
                     raise ValueError(kind)
             except ValueError:
@@ -207,11 +209,10 @@ class FrameSplitter:
         if self._frame[need : need + len(self._end)] == self._end:
             body = bytes(self._frame[:need])
             rest = bytes(self._frame[need + len(self._end) :])
-            self.frame = (
-                rc,
-                body[:cwdlen].decode("utf-8", "surrogateescape"),
-                body[cwdlen:].decode("utf-8", "surrogateescape"),
-            )
+            state = body[cwdlen:].decode("utf-8", "surrogateescape")
+            if self._encoded:
+                state = state.replace("\x1f", "\n")
+            self.frame = (rc, body[:cwdlen].decode("utf-8", "surrogateescape"), state)
         else:
             pos = self._frame.find(self._end)
             if pos < 0:

@@ -84,33 +84,63 @@ def _keep_var(name: str, prefixes: Sequence[str]) -> bool:
     return not any(name.startswith(p) for p in prefixes)
 
 
-def parse_state_dump(dump: str, sep: str, prefixes: Sequence[str], cwd: str | None) -> SessionState:
-    """Parse what the EXIT trap wrote. Raises StateParseError when incomplete."""
-    parts = dump.split(sep + "\n")
-    if len(parts) != 7 or parts[6] != "":
-        raise StateParseError(f"state dump has {len(parts) - 1} of 6 sections")
-    var_text, func_text, alias_text, seto_text, shopt_text, so_text = parts[:6]
+_VAR_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+
+
+def _parse_variables(var_text: str, prefixes: Sequence[str]) -> dict[str, str]:
+    key = (var_text, tuple(prefixes))
+    cached = _VAR_CACHE.get(key)
+    if cached is not None:
+        return cached
     variables: dict[str, str] = {}
     for line in var_text.splitlines():
         m = _DECL_RE.match(line)
         if m is None:
             raise StateParseError(f"unexpected line in variable dump: {line[:80]!r}")
-        if _keep_var(m.group(2), prefixes):
-            variables[m.group(2)] = line
-    all_seto = frozenset(ln.split()[-1] for ln in seto_text.splitlines() if ln.startswith("set "))
-    shopts = [ln.split() for ln in shopt_text.splitlines() if ln.startswith("shopt ")]
-    umask = next((ln.split()[-1] for ln in seto_text.splitlines() if ln.startswith("umask ")), None)
-    if not all_seto or not shopts:
-        raise StateParseError("option sections are empty")
+        name = m.group(2)
+        if name == "BASHOPTS" or _keep_var(name, prefixes):
+            variables[name] = line
+    if len(_VAR_CACHE) > 64:
+        _VAR_CACHE.clear()
+    _VAR_CACHE[key] = variables
+    return variables
+
+
+def parse_state_dump(
+    dump: str, sep: str, prefixes: Sequence[str], cwd: str | None, names_from: SessionState | None = None
+) -> SessionState:
+    """Parse what the EXIT trap wrote. Raises StateParseError when incomplete.
+
+    A full dump (a snapshot) also lists every option name; a per-command dump
+    takes those lists from ``names_from``.
+    """
+    parts = dump.split(sep + "\n")
+    if len(parts) != 6 or parts[5] != "":
+        raise StateParseError(f"state dump has {len(parts) - 1} of 5 sections")
+    var_text, func_text, alias_text, opt_text, full_text = parts[:5]
+    variables = dict(_parse_variables(var_text, prefixes))
+    bashopts_line = variables.pop("BASHOPTS", "")
+    bashopts = frozenset(filter(None, bashopts_line.partition("=")[2].strip('"').split(":")))
+    opt_lines = opt_text.split("\n")
+    if len(opt_lines) < 3 or not opt_lines[0].startswith("umask "):
+        raise StateParseError("option section is incomplete")
+    if full_text:
+        lines = full_text.splitlines()
+        all_seto = frozenset(ln.split()[-1] for ln in lines if ln.startswith("set "))
+        all_shopt = frozenset(ln.split()[-1] for ln in lines if ln.startswith("shopt "))
+    elif names_from is not None:
+        all_seto, all_shopt = names_from.all_seto, names_from.all_shopt
+    else:
+        raise StateParseError("no option names to interpret the state with")
     return SessionState(
         variables=variables,
         functions=func_text,
         aliases=alias_text,
-        shellopts=frozenset(filter(None, so_text.strip("\n").split(":"))),
-        bashopts=frozenset(w[2] for w in shopts if w[1] == "-s"),
+        shellopts=frozenset(filter(None, opt_lines[1].split(":"))),
+        bashopts=bashopts,
         all_seto=all_seto,
-        all_shopt=frozenset(w[2] for w in shopts),
-        umask=umask,
+        all_shopt=all_shopt,
+        umask=opt_lines[0].split()[-1],
         cwd=cwd,
     )
 
@@ -120,17 +150,22 @@ def parse_state_dump(dump: str, sep: str, prefixes: Sequence[str], cwd: str | No
 # functions or aliases named like them.
 _SAVE_FN = r"""__hermes_save() {
 builtin unset -f __hermes_save
+builtin unset -v BASH_EXECUTION_STRING 2>/dev/null
 { builtin declare -p; builtin printf '%s\n' "$__hermes_sep"
 builtin declare -f; builtin printf '%s\n' "$__hermes_sep"
 builtin alias -p; builtin printf '%s\n' "$__hermes_sep"
-builtin set +o; builtin umask -p; builtin printf '%s\n' "$__hermes_sep"
-builtin shopt -p; builtin printf '%s\n%s\n' "$__hermes_sep" "$__hermes_so"
+builtin umask -p; builtin printf '%s\n%s\n' "$__hermes_so" "$__hermes_sep"
+if [ -n "$__hermes_full" ]; then builtin set +o; builtin shopt -p; fi
 builtin printf '%s\n' "$__hermes_sep"; } >"$__hermes_f" 2>/dev/null
 local __hermes_s= __hermes_d=$PWD
 [ -n "$__hermes_nocd" ] && __hermes_d=
 IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
-local LC_ALL=C
-builtin printf '\036%s:S%d %d %d\n%s%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "${#__hermes_s}" "$__hermes_d" "$__hermes_s" "$__hermes_n" >&"$__hermes_o"
+LC_ALL=C
+local __hermes_e=0
+# bash's stdout is line-buffered: without newlines the frame leaves in a few
+# large writes instead of one write per line.
+if [[ $__hermes_s != *$'\037'* ]]; then __hermes_s=${__hermes_s//$'\n'/$'\037'}; __hermes_e=1; fi
+builtin printf '\036%s:S%d %d %d %d\n%s%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "${#__hermes_s}" "$__hermes_e" "$__hermes_d" "$__hermes_s" "$__hermes_n" >&"$__hermes_o"
 }
 """
 
@@ -240,7 +275,8 @@ class ShellSession:
         state_file = posixpath.join(self.state_dir, f".hermes-{self.env_id}-{slot}.state")
         parts = [
             _SAVE_FN,
-            f"__hermes_n={nonce}; __hermes_sep='{sep}'; __hermes_f={shlex.quote(state_file)}; __hermes_nocd=\n",
+            f"__hermes_n={nonce}; __hermes_sep='{sep}'; __hermes_f={shlex.quote(state_file)}; "
+            f"__hermes_nocd= __hermes_full={'1' if snapshot else ''}\n",
             "trap '{ __hermes_rc=$? __hermes_so=$SHELLOPTS; builtin set +eux +o pipefail; } 2>/dev/null; __hermes_save' EXIT\n",
             "exec {__hermes_o}>&1 2>&1\n",
         ]
@@ -322,7 +358,9 @@ class ShellSession:
         """Install the state a finished command reported; None if it reported none."""
         if frame is None:
             return None
-        state = parse_state_dump(frame.state_text, wrapped.sep, self.excluded_prefixes, frame.cwd or None)
+        state = parse_state_dump(
+            frame.state_text, wrapped.sep, self.excluded_prefixes, frame.cwd or None, names_from=self._baseline
+        )
         if as_baseline:
             self.set_baseline(state)
             return state
