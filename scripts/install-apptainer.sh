@@ -164,7 +164,7 @@ APTO=(-o Dir::State="$WORK"/state -o Dir::State::status="$WORK"/state/status
       -o Dir::Etc::PreferencesParts=/dev/null -o APT::Default-Release=
       -o APT::Architecture="$ARCH" -o APT::Architectures="$ARCH")
 apt-get "${APTO[@]}" update -qq >"$WORK"/update.log 2>&1 \
-    || die "apt-get update of $MIRROR $SUITE failed: $(tail -n3 "$WORK"/update.log)"
+    || die "apt-get update of $MIRROR $SUITE failed: $(tail -n3 "$WORK"/update.log)$(grep -q expired "$WORK"/update.log && echo " (the mirror's $SUITE Release is past Valid-Until; this machine's apt config, like the system's, must allow that: Acquire::Check-Valid-Until \"false\")")"
 
 step "4 (check that $SUITE has apptainer and a libc6 it can use)"
 show() { apt-cache "${APTO[@]}" show --no-all-versions "$1" 2>/dev/null; }
