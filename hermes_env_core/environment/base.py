@@ -228,28 +228,34 @@ class BaseEnvironment(abc.ABC):
                 env_id=self.task_id,
             )
             base = self._snapshot(session, login=False)
-            if base is None:
+            if base[1] is None:
                 raise EnvironmentUnavailable(
                     f"{self.name}: bash in the target did not report its state; is bash installed there?"
                 )
             session.accept(base[0], base[1], as_baseline=True)
             login = self._snapshot(session, login=True)
             state = None
-            if login is not None:
+            if login is not None and login[1] is not None:
                 try:
                     state = session.accept(login[0], login[1])
                 except StateParseError:
                     state = None
-            if state is None:
-                # A broken ~/.profile: start from the plain state and let every
-                # command run as a login shell instead.
+            if login is not None and login[1] is None and login[2] != 0:
+                # The profile itself fails (exits): a login shell per command
+                # would fail the same way, so run without it and say so.
+                self._note(f"login shell start-up failed (exit {login[2]}); running without ~/.profile")
+                state = session.baseline
+            elif state is None:
+                # The login state could not be read back: let every command
+                # run as a login shell so that the profile still applies.
                 self._login_each = True
                 state = session.baseline
             assert state is not None
             session.set_state(session.interactive_defaults(state))
             self._session = session
 
-    def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any] | None:
+    def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any, int] | None:
+        """Capture the state of a fresh (login) shell; (wrapped, frame or None, exit code)."""
         wrapped = session.wrap(":", snapshot=True, record_pid=self.records_pid)
         capture = OutputCapture(self.config.max_output_bytes)
         try:
@@ -257,8 +263,8 @@ class BaseEnvironment(abc.ABC):
         finally:
             session.release(wrapped)
         if run.frame is None or run.corrupt or run.exit_code != 0:
-            return None
-        return wrapped, _frame(run.frame)
+            return wrapped, None, run.exit_code or 1
+        return wrapped, _frame(run.frame), 0
 
     def _drive(
         self,

@@ -1,0 +1,168 @@
+"""The local backend: the conformance suite plus what only local has."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hermes_env_core.backends.local import LocalConfig, LocalEnvironment, filter_environment
+from hermes_env_core.testing import EnvironmentConformance
+
+
+class TestLocalConformance(EnvironmentConformance):
+    @pytest.fixture
+    def environment(self):
+        with LocalEnvironment(timeout=60) as env:
+            yield env
+
+
+@pytest.fixture
+def env():
+    with LocalEnvironment() as e:
+        yield e
+
+
+def test_secrets_filtered_and_passthrough(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "t")
+    monkeypatch.setenv("DB_PASSWORD", "p")
+    monkeypatch.setenv("HARMLESS", "h")
+    monkeypatch.setenv("ALLOWED_TOKEN", "ok")
+    with LocalEnvironment(env_passthrough=("ALLOWED_*",)) as env:
+        r = env.execute('echo "${OPENAI_API_KEY-no} ${MY_SERVICE_TOKEN-no} ${DB_PASSWORD-no} $HARMLESS $ALLOWED_TOKEN"')
+    assert r.output == "no no no h ok\n"
+
+
+def test_filter_environment_case_insensitive():
+    out = filter_environment({"github_token": "x", "PATH": "/bin"})
+    assert out == {"PATH": "/bin"}
+
+
+def test_explicit_env_values_set():
+    with LocalEnvironment(env={"HERMES_T_GIVEN": "v"}) as env:
+        assert env.execute('echo "$HERMES_T_GIVEN"').output == "v\n"
+
+
+def test_state_files_are_private(env):
+    env.execute("true")
+    d = env._state_dir()
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    files = [os.path.join(d, f) for f in os.listdir(d)]
+    assert files
+    for f in files:
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+
+
+def test_cleanup_removes_state_dir():
+    env = LocalEnvironment()
+    env.execute("true")
+    d = env._state_dir()
+    env.close()
+    assert not os.path.exists(d)
+    with pytest.raises(Exception, match="closed"):
+        env.execute("true")
+
+
+def test_login_profile_applies(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".profile").write_text('export PATH="$HOME/mybin:$PATH"\nexport FROM_PROFILE=yes\n')
+    (home / "mybin").mkdir()
+    tool = home / "mybin" / "hermes-tool"
+    tool.write_text("#!/bin/sh\necho tool-ran\n")
+    tool.chmod(0o755)
+    with LocalEnvironment(env={"HOME": str(home)}) as env:
+        r = env.execute("hermes-tool; echo $FROM_PROFILE")
+        assert r.output == "tool-ran\nyes\n"
+        assert not env._login_each
+
+
+def test_profile_that_exits_is_skipped_with_a_note(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".profile").write_text("export FROM_PROFILE=partial\nexit 3\n")
+    with LocalEnvironment(env={"HOME": str(home)}) as env:
+        r = env.execute('echo "ok ${FROM_PROFILE-none}"')
+        assert r.exit_code == 0 and r.output == "ok none\n"
+        assert any("login shell start-up failed (exit 3)" in n for n in r.notes)
+        assert not env._login_each
+
+
+def test_unreadable_login_state_falls_back_to_login_each_command(tmp_path, monkeypatch):
+    from hermes_env_core.environment import session as session_mod
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".profile").write_text("export FROM_PROFILE=yes\n")
+    real_accept = session_mod.ShellSession.accept
+    calls = []
+
+    def accept(self, wrapped, frame, *, as_baseline=False):
+        calls.append(as_baseline)
+        if len(calls) == 2:  # the login snapshot
+            raise session_mod.StateParseError("simulated")
+        return real_accept(self, wrapped, frame, as_baseline=as_baseline)
+
+    monkeypatch.setattr(session_mod.ShellSession, "accept", accept)
+    with LocalEnvironment(env={"HOME": str(home)}) as env:
+        r = env.execute('echo "$FROM_PROFILE"; shopt -q login_shell && echo login')
+        assert env._login_each
+        assert r.output == "yes\nlogin\n"
+
+
+def test_grandchild_keeps_running_after_return(env, tmp_path):
+    marker = tmp_path / "m"
+    r = env.execute(f"(sleep 0.3; echo done > {marker}) & echo bg")
+    assert r.output == "bg\n"
+    from hermes_env_core.testing import wait_until
+
+    assert wait_until(marker.exists, 10)
+
+
+def test_bounded_capture_spills_full_output(tmp_path):
+    with LocalEnvironment(max_output_bytes=4096, spill_dir=str(tmp_path)) as env:
+        r = env.execute("seq 1 20000")
+    assert r.truncated and r.output_path
+    with open(r.output_path) as f:
+        full = f.read()
+    assert full == "".join(f"{i}\n" for i in range(1, 20001))
+    assert r.output.startswith("1\n2\n3\n") and r.output.endswith("19999\n20000\n")
+    assert str(r.dropped_bytes) in r.output
+
+
+def test_yes_until_timeout_memory_bounded():
+    script = textwrap.dedent(
+        """
+        import resource
+        from hermes_env_core.backends.local import LocalEnvironment
+        with LocalEnvironment() as env:
+            env.execute("true")
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            r = env.execute("yes", timeout=2)
+            after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        assert r.timed_out and r.truncated, r
+        print((after - before) // 1024)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) < 64
+
+
+def test_missing_bash_is_a_clear_error():
+    from hermes_env_core.errors import EnvironmentUnavailable
+
+    with pytest.raises(EnvironmentUnavailable, match="no-such-bash"):
+        LocalEnvironment(bash="no-such-bash")
+
+
+def test_unknown_option_rejected():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="imagee"):
+        LocalConfig(imagee="x")
