@@ -84,25 +84,31 @@ def _keep_var(name: str, prefixes: Sequence[str]) -> bool:
     return not any(name.startswith(p) for p in prefixes)
 
 
-_VAR_CACHE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+# declare lines repeat from one command to the next: remember each line's verdict.
+_LINE_CACHE: dict[tuple[str, tuple[str, ...]], str | None] = {}
 
 
 def _parse_variables(var_text: str, prefixes: Sequence[str]) -> dict[str, str]:
-    key = (var_text, tuple(prefixes))
-    cached = _VAR_CACHE.get(key)
-    if cached is not None:
-        return cached
+    prefixes = tuple(prefixes)
+    cache = _LINE_CACHE
+    if len(cache) > 20000:
+        cache.clear()
     variables: dict[str, str] = {}
-    for line in var_text.splitlines():
-        m = _DECL_RE.match(line)
-        if m is None:
-            raise StateParseError(f"unexpected line in variable dump: {line[:80]!r}")
-        name = m.group(2)
-        if name == "BASHOPTS" or _keep_var(name, prefixes):
+    for line in var_text.split("\n"):
+        if not line:
+            continue
+        key = (line, prefixes)
+        try:
+            name = cache[key]
+        except KeyError:
+            m = _DECL_RE.match(line)
+            if m is None:
+                raise StateParseError(f"unexpected line in variable dump: {line[:80]!r}") from None
+            n = m.group(2)
+            name = n if n == "BASHOPTS" or _keep_var(n, prefixes) else None
+            cache[key] = name
+        if name is not None:
             variables[name] = line
-    if len(_VAR_CACHE) > 64:
-        _VAR_CACHE.clear()
-    _VAR_CACHE[key] = variables
     return variables
 
 

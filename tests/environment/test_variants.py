@@ -1,0 +1,163 @@
+"""The base class's other paths, run through the whole conformance suite.
+
+``HeredocLocal`` takes stdin the way backends without a stdin stream do;
+``ThreadedLocal`` runs bash behind ``ThreadedProcessHandle`` the way SDK
+backends do, so both paths are held to the same contract as local.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+
+import pytest
+
+from hermes_env_core.backends.local import LocalEnvironment
+from hermes_env_core.environment.handles import ThreadedProcessHandle
+from hermes_env_core.errors import BackendError
+from hermes_env_core.testing import EnvironmentConformance
+
+
+class HeredocLocal(LocalEnvironment):
+    name = "local-heredoc"
+    stdin_mode = "heredoc"
+
+
+class ThreadedLocal(LocalEnvironment):
+    """Like an SDK backend: a blocking call in a thread, output pushed in chunks."""
+
+    name = "local-threaded"
+    records_pid = True
+
+    def _run_bash(self, script, *, login, timeout, stdin_data):
+        proc = super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
+
+        def target(write):
+            # Finish when bash exits, not at EOF: a background child may hold
+            # the stream open, as it holds an exec's attach stream.
+            assert proc.stdout is not None
+            fd = proc.stdout.fileno()
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.02)
+                if ready:
+                    chunk = os.read(fd, 32768)
+                    if not chunk:
+                        break
+                    write(chunk)
+                elif proc.poll() is not None:
+                    break
+            return proc.wait()
+
+        handle = ThreadedProcessHandle(
+            target,
+            on_kill=lambda: proc.kill(),
+            on_terminate=lambda: proc.terminate(),
+        )
+        handle.proc = proc  # type: ignore[attr-defined]
+        return handle
+
+    def _kill_tree(self, handle, wrapped, *, graceful):
+        # As a remote backend does: read the pid the wrapper recorded, then
+        # signal the tree from a separate command.
+        from hermes_env_core.environment.session import kill_tree_script
+
+        try:
+            with open(wrapped.pidfile) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            handle.kill()
+            return
+        subprocess.run(["bash", "-c", kill_tree_script(pid, "TERM" if graceful else "KILL")], check=False)
+
+
+class TestHeredocConformance(EnvironmentConformance):
+    @pytest.fixture
+    def environment(self):
+        with HeredocLocal(timeout=60) as env:
+            yield env
+
+
+class TestThreadedConformance(EnvironmentConformance):
+    # Background children hold the pipe the thread reads, as an exec stream
+    # that outlives its process does; the handle must still report promptly.
+    @pytest.fixture
+    def environment(self):
+        with ThreadedLocal(timeout=60) as env:
+            yield env
+
+
+class Exploding(LocalEnvironment):
+    """An SDK whose call fails after some output."""
+
+    name = "exploding"
+    fail_on = "boom"
+
+    def _run_bash(self, script, *, login, timeout, stdin_data):
+        if self.fail_on not in script:
+            return super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
+
+        def target(write):
+            write(b"partial output\n")
+            raise ConnectionResetError("sandbox went away")
+
+        return ThreadedProcessHandle(target)
+
+
+def test_sdk_exception_is_an_infrastructure_error_not_exit_1():
+    with Exploding() as env:
+        assert env.execute("echo fine").output == "fine\n"
+        with pytest.raises(BackendError, match="sandbox went away"):
+            env.execute("echo boom")
+        assert env.execute("echo still fine").output == "still fine\n"
+
+
+def test_threaded_handle_streams_as_it_arrives():
+    import threading
+
+    gate = threading.Event()
+    seen = []
+
+    def target(write):
+        write(b"first\n")
+        if not gate.wait(10):
+            raise AssertionError("reader never saw the first chunk")
+        write(b"second\n")
+        return 0
+
+    h = ThreadedProcessHandle(target)
+    assert h.stdout is not None
+    seen.append(os.read(h.stdout.fileno(), 100))
+    gate.set()
+    seen.append(os.read(h.stdout.fileno(), 100))
+    assert h.wait(5) == 0
+    assert seen == [b"first\n", b"second\n"]
+
+
+def test_threaded_handle_reader_gone_does_not_hang_writer():
+    h = ThreadedProcessHandle(lambda write: [write(b"x" * 65536) for _ in range(50)] and 0)
+    assert h.stdout is not None
+    h.stdout.close()
+    assert h.wait(10) == 0
+
+
+def test_popen_satisfies_the_protocol():
+    from hermes_env_core.environment.handles import ProcessHandle
+
+    p = subprocess.Popen(["true"], stdout=subprocess.PIPE)
+    try:
+        assert isinstance(p, ProcessHandle)
+    finally:
+        p.wait()
+        p.stdout.close()
+
+
+def test_signal_sent_by_timeout_reaches_trapping_tree(tmp_path):
+    # SIGTERM first: a command that cleans up on TERM gets to do it.
+    log = tmp_path / "log"
+    with LocalEnvironment(kill_grace_s=5) as env:
+        r = env.execute(f"trap 'echo cleaned >{log}; exit 0' TERM; sleep 60 & wait", timeout=0.5)
+    assert r.timed_out
+    assert log.read_text() == "cleaned\n"
+    assert signal.SIGTERM  # the graceful signal is the one the trap saw
