@@ -87,6 +87,7 @@ class LocalEnvironment(BaseEnvironment):
 
     name = "local"
     stdin_mode = "pipe"
+    shares_host_filesystem = True
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:

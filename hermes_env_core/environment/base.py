@@ -63,6 +63,9 @@ class BaseEnvironment(abc.ABC):
     stdin_mode: ClassVar[StdinMode] = "pipe"
     #: whether the wrapper should record its pid for ``_kill_tree``
     records_pid: ClassVar[bool] = False
+    #: paths in the target are paths on this machine (the session may then
+    #: read its state file directly instead of through the output stream)
+    shares_host_filesystem: ClassVar[bool] = False
     config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
 
     def __init__(self, config: EnvironmentConfig | None = None, **options: Any) -> None:
@@ -149,7 +152,10 @@ class BaseEnvironment(abc.ABC):
         session = self.session
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         heredoc = data if self.stdin_mode == "heredoc" and data is not None else None
-        wrapped = session.wrap(command, cwd=cwd, stdin_heredoc=heredoc, record_pid=self.records_pid)
+        wrapped = session.wrap(
+            command, cwd=cwd, stdin_heredoc=heredoc, record_pid=self.records_pid,
+            state_in_file=self.shares_host_filesystem,
+        )
         limit = self.config.max_output_bytes
         capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
         eff_timeout = self.config.timeout if timeout is None else timeout
@@ -256,7 +262,9 @@ class BaseEnvironment(abc.ABC):
 
     def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any, int] | None:
         """Capture the state of a fresh (login) shell; (wrapped, frame or None, exit code)."""
-        wrapped = session.wrap(":", snapshot=True, record_pid=self.records_pid)
+        wrapped = session.wrap(
+            ":", snapshot=True, record_pid=self.records_pid, state_in_file=self.shares_host_filesystem
+        )
         capture = OutputCapture(self.config.max_output_bytes)
         try:
             run = self._drive(wrapped, capture, login=login, timeout=60.0, stdin_data=None, cancel=None)
@@ -337,6 +345,9 @@ class BaseEnvironment(abc.ABC):
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
+            if run.frame is not None and run.frame[2] is None:
+                run.frame = self._state_from_file(wrapped, run.frame)
+                run.corrupt = run.frame is None
             code = self._reap(handle, finished=splitter.done or reason is None)
         finally:
             try:
@@ -353,6 +364,19 @@ class BaseEnvironment(abc.ABC):
         else:
             run.exit_code = 128 - code if code < 0 else code
         return run
+
+    def _state_from_file(
+        self, wrapped: WrappedCommand, frame: tuple[int, str, str | None]
+    ) -> tuple[int, str, str] | None:
+        try:
+            with open(wrapped.state_file, encoding="utf-8", errors="surrogateescape") as f:
+                text = f.read()
+        except OSError:
+            return None
+        # Written whole by the trap before it reported; it ends with the separator.
+        if not text.endswith(wrapped.sep + "\n"):
+            return None
+        return frame[0], frame[1], text
 
     def _reap(self, handle: ProcessHandle, *, finished: bool) -> int:
         # bash is known to be exiting: a plain wait() blocks in waitpid,

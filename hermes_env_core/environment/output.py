@@ -136,7 +136,8 @@ class FrameSplitter:
     """Routes a byte stream to ``sink`` while lifting out the wrapper's frame.
 
     The frame is ``MARK S<rc> <cwdlen> <statelen> <enc>\\n <cwd><state> MARK E\\n``
-    (``enc``: newlines in the state were sent as 0x1f)
+    (``enc`` 1: newlines in the state were sent as 0x1f; 2: the state is in
+    the state file, which the reader can open itself)
     where MARK holds a per-command nonce, so command output cannot forge it.
     Lengths are checked, so output interleaved into the frame by a background
     writer is detected instead of being restored as shell code.
@@ -151,7 +152,7 @@ class FrameSplitter:
         self._frame = bytearray()
         self._header: tuple[int, int, int] | None = None
         self._encoded = 0
-        self.frame: tuple[int, str, str] | None = None
+        self.frame: tuple[int, str, str | None] | None = None
         self.corrupt = False
 
     @property
@@ -209,9 +210,11 @@ class FrameSplitter:
         if self._frame[need : need + len(self._end)] == self._end:
             body = bytes(self._frame[:need])
             rest = bytes(self._frame[need + len(self._end) :])
-            state = body[cwdlen:].decode("utf-8", "surrogateescape")
-            if self._encoded:
-                state = state.replace("\x1f", "\n")
+            state: str | None = body[cwdlen:].decode("utf-8", "surrogateescape")
+            if self._encoded == 2:
+                state = None  # left in the state file for the reader
+            elif self._encoded:
+                state = state.replace("\x1f", "\n")  # type: ignore[union-attr]
             self.frame = (rc, body[:cwdlen].decode("utf-8", "surrogateescape"), state)
         else:
             pos = self._frame.find(self._end)

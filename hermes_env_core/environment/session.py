@@ -165,8 +165,12 @@ if [ -n "$__hermes_full" ]; then builtin set +o; builtin shopt -p; fi
 builtin printf '%s\n' "$__hermes_sep"; } >"$__hermes_f" 2>/dev/null
 local __hermes_s= __hermes_d=$PWD
 [ -n "$__hermes_nocd" ] && __hermes_d=
-IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
 LC_ALL=C
+if [ -n "$__hermes_local" ]; then
+builtin printf '\036%s:S%d %d 0 2\n%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "$__hermes_d" "$__hermes_n" >&"$__hermes_o"
+return
+fi
+IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
 local __hermes_e=0
 # bash's stdout is line-buffered: without newlines the frame leaves in a few
 # large writes instead of one write per line.
@@ -264,8 +268,12 @@ class ShellSession:
 
     # -- wrapping --------------------------------------------------------
     def wrap(self, command: str, *, cwd: str | None = None, stdin_heredoc: bytes | None = None,
-             snapshot: bool = False, record_pid: bool = False) -> WrappedCommand:
-        """Build the script for one command (``snapshot``: capture only, no restore)."""
+             snapshot: bool = False, record_pid: bool = False, state_in_file: bool = False) -> WrappedCommand:
+        """Build the script for one command (``snapshot``: capture only, no restore).
+
+        ``state_in_file``: the caller can read ``state_file`` itself (the target
+        shares its filesystem), so the frame carries only exit code and cwd.
+        """
         nonce = secrets.token_hex(12)
         sep = f"#hermes-state:{nonce}"
         with self._lock:
@@ -282,7 +290,7 @@ class ShellSession:
         parts = [
             _SAVE_FN,
             f"__hermes_n={nonce}; __hermes_sep='{sep}'; __hermes_f={shlex.quote(state_file)}; "
-            f"__hermes_nocd= __hermes_full={'1' if snapshot else ''}\n",
+            f"__hermes_nocd= __hermes_full={'1' if snapshot else ''} __hermes_local={'1' if state_in_file else ''}\n",
             "trap '{ __hermes_rc=$? __hermes_so=$SHELLOPTS; builtin set +eux +o pipefail; } 2>/dev/null; __hermes_save' EXIT\n",
             "exec {__hermes_o}>&1 2>&1\n",
         ]
