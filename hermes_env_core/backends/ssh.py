@@ -1,0 +1,481 @@
+"""The ssh backend: commands run in bash on a remote host over one long-lived SSH connection.
+
+paramiko is imported only when an environment is created (extra ``hermes-env-core[ssh]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import shlex
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, SecretStr
+
+from ..environment.base import BaseEnvironment
+from ..environment.handles import ProcessHandle
+from ..environment.options import EnvironmentConfig
+from ..environment.session import WrappedCommand, kill_tree_script
+from ..errors import BackendError, ConfigError, EnvironmentUnavailable
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from ._ssh_sync import SSHSyncTransport
+
+__all__ = [
+    "DEFAULT_KNOWN_HOSTS",
+    "SSHAuthenticationError",
+    "SSHConfig",
+    "SSHEnvironment",
+    "SSHHostKeyError",
+]
+
+log = logging.getLogger(__name__)
+
+#: hermes-env's own known_hosts file, so first contact never edits ~/.ssh
+DEFAULT_KNOWN_HOSTS = "~/.config/hermes-env/known_hosts"
+_STATE_DIR = "/tmp"
+# sshd hands the command to the login shell as one argv string (128 KiB max);
+# longer scripts are sent ahead of stdin on the channel instead.
+_COMMAND_LIMIT = 100_000
+_STDIN_INLINE = 65536  # below the server's initial window: sendall cannot block
+_PID_MARK = b"\x1ehermes-pid:"
+_PID_LINE = "command printf '\\036hermes-pid:%d\\n' $$; "
+_PROBE_MARK = "\x1ehermes-probe\n"
+_PROBE = "command printf '\\036hermes-probe\\n%s\\n%s\\n%s\\n' \"$HOME\" \"${BASH_VERSION-}\" \"${SHELLOPTS-}\""
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class SSHHostKeyError(EnvironmentUnavailable):
+    """The server's host key is unknown (strict mode) or differs from the recorded one."""
+
+
+class SSHAuthenticationError(EnvironmentUnavailable):
+    """No configured credential was accepted."""
+
+
+class SSHConfig(EnvironmentConfig):
+    """Options of the ssh backend. ``host`` and ``user`` are required."""
+
+    host: str = Field(..., min_length=1, description="The SSH server's name or address.")
+    user: str = Field(..., min_length=1, description="The remote account to log in as.")
+    port: int = Field(22, ge=1, le=65535, description="The SSH server's port.")
+    key_path: str | None = Field(None, description="Private key file (unencrypted; use an agent otherwise).")
+    password: SecretStr | None = Field(None, description="Password, tried after keys and the agent.")
+    use_agent: bool = Field(True, description="Offer the keys of a running ssh-agent (SSH_AUTH_SOCK).")
+    look_for_keys: bool = Field(True, description="Without key_path, try ~/.ssh/id_ed25519, id_ecdsa, id_rsa.")
+    known_hosts: str = Field(DEFAULT_KNOWN_HOSTS, description="Where host keys are recorded and checked.")
+    strict_host_key: bool = Field(False, description="Refuse hosts not already in known_hosts.")
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect, authenticate or open a channel.")
+    keepalive_s: float = Field(30.0, ge=0, description="Seconds between keepalives (0: off).")
+
+
+def _host_label(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class SSHEnvironment(BaseEnvironment):
+    """Runs commands on a remote host; every command is a channel of one Transport."""
+
+    name = "ssh"
+    stdin_mode = "pipe"
+    # The remote bash's pid reaches us first thing on its channel, so the
+    # wrapper need not write a pidfile (which a quick timeout could outrun,
+    # leaving a previous command's pid there).
+    records_pid = False
+    config_model = SSHConfig
+
+    def __init__(self, config: SSHConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        cfg: SSHConfig = self.config  # type: ignore[assignment]
+        for key in cfg.env:
+            if not _NAME_RE.match(key):
+                raise ConfigError(f"ssh: env key {key!r} is not a valid variable name")
+        self._conn = _import_conn()
+        self._label = _host_label(cfg.host, cfg.port)
+        self._known_hosts = Path(cfg.known_hosts).expanduser()
+        self._exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in cfg.env.items())
+        self._lock = threading.Lock()
+        self._transport: paramiko.Transport | None = None
+        self._home = ""
+        self._bash_login = False  # the login shell is bash: no second bash needed
+        self._live()
+
+    @classmethod
+    def check_requirements(cls) -> list[str]:
+        """What is missing on this machine for the ssh backend (empty when ready)."""
+        try:
+            import paramiko
+        except ImportError:
+            return ["paramiko is not installed: pip install 'hermes-env-core[ssh]'"]
+        version = tuple(int(p) for p in re.findall(r"\d+", paramiko.__version__)[:2])
+        if version < (3, 4):
+            return [f"paramiko {paramiko.__version__} is too old (3.4 needed): pip install -U 'paramiko>=3.4'"]
+        return []
+
+    # -- connection --------------------------------------------------------
+    @property
+    def remote_home(self) -> str:
+        """The remote account's home directory (``$HOME`` of its login shell)."""
+        self._live()
+        return self._home
+
+    @property
+    def host_label(self) -> str:
+        """``user@host`` or ``user@[host]:port``, as in messages."""
+        return f"{self.config.user}@{self._label}"  # type: ignore[attr-defined]
+
+    def _live(self) -> paramiko.Transport:
+        """The connected Transport; reconnects when the last one dropped."""
+        t = self._transport
+        if t is not None and t.is_active():
+            return t
+        with self._lock:
+            old = self._transport
+            if old is not None and old.is_active():
+                return old
+            if self._closed:
+                raise EnvironmentUnavailable(f"ssh environment {self.task_id!r} is closed")
+            reason = None
+            if old is not None:
+                reason = old.get_exception()
+                old.close()
+            t = self._conn.connect(self.config, self._known_hosts)
+            try:
+                self._probe(t)
+            except BaseException:
+                t.close()
+                raise
+            self._transport = t
+            if old is not None:
+                why = f" ({type(reason).__name__}: {reason})" if reason is not None else ""
+                self._note(f"ssh connection to {self.host_label} had dropped{why}; reconnected")
+            return t
+
+    def _probe(self, t: paramiko.Transport) -> None:
+        code, out = self._conn.run_simple(t, _PROBE, timeout=self.config.connect_timeout)  # type: ignore[attr-defined]
+        text = out.decode("utf-8", "surrogateescape")
+        if code != 0 or _PROBE_MARK not in text:
+            raise EnvironmentUnavailable(
+                f"ssh: {self.host_label} cannot run commands (exit {code}): {text.strip()[:500]!r}"
+            )
+        home, bash_version, shellopts = (text.split(_PROBE_MARK, 1)[1].split("\n") + ["", "", ""])[:3]
+        self._home = home
+        self._bash_login = bool(bash_version) and "posix" not in shellopts.split(":")
+
+    def _drop(self, t: paramiko.Transport) -> None:
+        with self._lock:
+            if self._transport is t and not t.is_active():
+                t.close()
+
+    def _open(self, command: str, *, combine: bool = True) -> paramiko.Channel:
+        """Open a channel and exec ``command`` in the login shell.
+
+        A connection found dead before the exec request was sent is replaced
+        and the command started on the new one; once sent, a loss is an error,
+        since the command may have started.
+        """
+        timeout = self.config.connect_timeout  # type: ignore[attr-defined]
+        for attempt in (0, 1):
+            t = self._live()
+            try:
+                chan = self._conn.open_channel(t, timeout)
+            except self._conn.LOST_ERRORS as exc:
+                if attempt == 0 and not t.is_active():
+                    self._drop(t)
+                    continue
+                raise EnvironmentUnavailable(f"ssh: cannot open a channel to {self.host_label}: {exc}") from exc
+            try:
+                chan.set_combine_stderr(combine)
+                chan.exec_command(command)
+            except self._conn.LOST_ERRORS as exc:
+                chan.close()
+                if not t.is_active():
+                    raise BackendError(
+                        f"ssh: the connection to {self.host_label} was lost while starting the command: {exc!r}"
+                    ) from exc
+                raise EnvironmentUnavailable(f"ssh: {self.host_label} refused to run a command: {exc}") from exc
+            return chan
+        raise AssertionError("unreachable")
+
+    def _in_bash(self, script: str, *, login: bool = False) -> str:
+        """``script`` as a command for the login shell, run by bash."""
+        if self._bash_login and not login:
+            return script
+        return f"exec bash {'-l ' if login else ''}-c {shlex.quote(script)} bash"
+
+    def _helper(self, script: str) -> int:
+        """Run a short bash script on the current connection (no reconnect)."""
+        t = self._transport
+        if t is None or not t.is_active():
+            return -1
+        code, out = self._conn.run_simple(t, self._in_bash(script), timeout=self.config.connect_timeout)  # type: ignore[attr-defined]
+        if code != 0:
+            log.debug("ssh helper exited %s: %r", code, out[:200])
+        return code
+
+    # -- what the base class asks for ----------------------------------------
+    def _state_dir(self) -> str:
+        self._live()
+        cwd = self.config.cwd
+        if cwd is not None and (cwd == "~" or cwd.startswith("~/")):
+            # The session quotes its cwd, so "~" must be expanded here, before
+            # the base class reads config.cwd for the new session.
+            self.config = self.config.model_copy(update={"cwd": self._home + cwd[1:]})
+        return _STATE_DIR
+
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        head = _PID_LINE + self._exports
+        command = head + self._in_bash(script, login=login)
+        payload = stdin_data
+        if len(command.encode("utf-8", "surrogateescape")) > _COMMAND_LIMIT:
+            raw = script.encode("utf-8", "surrogateescape")
+            stub = (
+                f"LC_ALL=C IFS= builtin read -r -N {len(raw)} __hermes_script && "
+                'builtin eval "builtin unset __hermes_script; $__hermes_script"'
+            )
+            command = head + self._in_bash(stub, login=login)
+            payload = raw + (stdin_data or b"")
+        elif payload is None:
+            # No stdin: /dev/null, as for a local command, saves the EOF packet.
+            command = "exec </dev/null; " + command
+        chan = self._open(command)
+        return _RemoteBash(self, chan, payload)
+
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        assert isinstance(handle, _RemoteBash)
+        handle.signal_tree("TERM" if graceful else "KILL")
+
+    def cleanup(self) -> None:
+        t = self._transport
+        if t is not None and t.is_active() and self._session is not None:
+            prefix = shlex.quote(f"{_STATE_DIR}/.hermes-{self.task_id}-")
+            try:
+                self._helper(f"rm -f -- {prefix}*.state {prefix}*.state.pid")
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.debug("ssh: could not remove remote state files: %r", exc)
+        with self._lock:
+            t, self._transport = self._transport, None
+        if t is not None:
+            t.close()
+
+    # -- for the sync engine --------------------------------------------------
+    def sync_transport(self) -> SSHSyncTransport:
+        """The ``FileSyncTransport`` that moves files over this environment's connection."""
+        from ._ssh_sync import SSHSyncTransport
+
+        return SSHSyncTransport(self)
+
+
+class _Workers:
+    """Reused daemon threads: starting a thread per command costs ~0.3 ms on a busy machine."""
+
+    def __init__(self, idle_s: float = 60.0) -> None:
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._idle_s = idle_s
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._q.put((fn, args))
+                return
+        threading.Thread(target=self._loop, args=(fn, args), name="hermes-env-ssh", daemon=True).start()
+
+    def _loop(self, fn: Any, args: tuple[Any, ...]) -> None:
+        while True:
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a worker must survive its task
+                log.exception("ssh worker task failed")
+            with self._lock:
+                self._idle += 1
+            while True:
+                try:
+                    fn, args = self._q.get(timeout=self._idle_s)
+                    break
+                except queue.Empty:
+                    with self._lock:
+                        if self._q.empty():
+                            self._idle -= 1
+                            return
+
+
+_workers = _Workers()
+
+
+def _import_conn() -> Any:
+    try:
+        from . import _ssh_conn
+    except ImportError as exc:
+        if exc.name != "paramiko" and not str(exc.name or "").startswith("paramiko."):
+            raise
+        raise EnvironmentUnavailable(
+            "ssh: paramiko is not installed: pip install 'hermes-env-core[ssh]'"
+        ) from exc
+    return _ssh_conn
+
+
+class _RemoteBash:
+    """One remote bash as a ``ProcessHandle``.
+
+    A thread moves the channel's output into a real pipe (the base class
+    selects on a file descriptor; paramiko's ``Channel.fileno()`` only signals
+    readiness) and picks the remote pid off the first line.
+    """
+
+    def __init__(self, env: SSHEnvironment, chan: paramiko.Channel, payload: bytes | None) -> None:
+        r, w = os.pipe()
+        self.stdout = os.fdopen(r, "rb", buffering=0)
+        self.returncode: int | None = None
+        self.error: BaseException | None = None
+        self.pid: int | None = None
+        self._w = w
+        self._env = env
+        self._chan = chan
+        self._pid_known = threading.Event()
+        self._closed_by_us = False
+        _workers.submit(self._pump)
+        if payload is None:
+            pass
+        elif len(payload) <= _STDIN_INLINE:
+            self._send(payload)
+        else:
+            _workers.submit(self._send, payload)
+
+    def _send(self, payload: bytes) -> None:
+        try:
+            if payload:
+                self._chan.sendall(payload)
+            self._chan.shutdown_write()
+        except (OSError, EOFError) as exc:  # the command ended without reading it all
+            log.debug("ssh: stdin not fully sent: %r", exc)
+        except Exception as exc:  # noqa: BLE001 - paramiko.SSHException
+            log.debug("ssh: stdin not fully sent: %r", exc)
+
+    def _pump(self) -> None:
+        chan, w = self._chan, self._w
+        head = b""
+        passing = False
+        try:
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except Exception as exc:  # noqa: BLE001 - surfaced by wait()
+                    self.error = exc
+                    break
+                if not data:
+                    break
+                if not passing:
+                    head += data
+                    data, passing = self._take_pid(head)
+                    if not passing:
+                        continue
+                    head = b""
+                if w >= 0 and not _write_all(w, data):
+                    os.close(w)  # the reader is gone; keep draining the channel
+                    w = -1
+        finally:
+            if head and w >= 0:
+                _write_all(w, head)  # no pid line: show whatever the shell said
+            if w >= 0:
+                os.close(w)
+            self._pid_known.set()
+
+    def _take_pid(self, head: bytes) -> tuple[bytes, bool]:
+        i = head.find(_PID_MARK)
+        if i < 0:
+            return b"", len(head) > 65536  # give up looking; pass through
+        j = head.find(b"\n", i)
+        if j < 0:
+            return b"", False
+        try:
+            self.pid = int(head[i + len(_PID_MARK) : j])
+        except ValueError:
+            pass
+        self._pid_known.set()
+        # Anything before the line came from the login shell's start-up files.
+        return head[j + 1 :], True
+
+    def _status(self) -> int:
+        chan = self._chan
+        sig = getattr(chan, "hermes_signal", None)
+        if sig:
+            return -sig
+        if chan.exit_status >= 0:
+            return chan.exit_status
+        if self._closed_by_us:
+            return -signal.SIGKILL
+        t = chan.get_transport()
+        reason = t.get_exception() if t is not None else None
+        where = self._env.host_label
+        if reason is None and t is not None and t.is_active():
+            self.error = BackendError(f"ssh: {where} ended the command without an exit status")
+        else:
+            self.error = BackendError(
+                f"ssh: the connection to {where} was lost while the command was running"
+                f" ({type(reason).__name__ if reason else 'closed'}); the remote command may still be running"
+            )
+        return -1
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._chan.status_event.is_set():
+            self.returncode = self._status()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._chan.status_event.wait(timeout):
+            raise TimeoutError("remote command still running")
+        code = self.poll()
+        assert code is not None
+        # Background children may keep the channel open; bash has exited.
+        self._chan.close()
+        if self.error is not None and not self._closed_by_us:
+            if isinstance(self.error, BackendError):
+                raise self.error
+            raise BackendError(f"ssh: lost the command's output: {self.error!r}") from self.error
+        return code
+
+    def signal_tree(self, sig: str) -> None:
+        """Signal the remote bash, its descendants and its process group."""
+        if self.pid is None:
+            self._pid_known.wait(2.0)
+        if self.pid is not None:
+            # sshd made the bash a session and group leader; the group catches
+            # children whose parent already exited, the walk those that setsid.
+            script = kill_tree_script(self.pid, sig) + f"builtin kill -{sig} -- -{self.pid} 2>/dev/null\nexit 0\n"
+            try:
+                if self._env._helper(script) == 0:
+                    return
+            except Exception as exc:  # noqa: BLE001 - fall back to closing the channel
+                log.debug("ssh: kill helper failed: %r", exc)
+        if sig == "KILL":
+            self._closed_by_us = True
+            self._chan.close()
+
+    def terminate(self) -> None:
+        self.signal_tree("TERM")
+
+    def kill(self) -> None:
+        self.signal_tree("KILL")
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BrokenPipeError:
+            return False
+        view = view[n:]
+    return True
