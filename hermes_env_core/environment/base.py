@@ -147,9 +147,9 @@ class BaseEnvironment(abc.ABC):
         """Run ``command`` as if typed into one long-lived bash."""
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
-        started = time.monotonic()
-        self._before_execute()
         session = self.session
+        self._before_execute()
+        started = time.monotonic()  # the command's own time, not setup or sync
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         heredoc = data if self.stdin_mode == "heredoc" and data is not None else None
         wrapped = session.wrap(

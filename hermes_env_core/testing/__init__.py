@@ -382,18 +382,21 @@ class BackgroundConformance(EnvironmentFixture):
         environment.execute(f"kill {pid}")
 
     def test_setsid_disown_returns_promptly(self, environment: BaseEnvironment) -> None:
-        r = environment.execute("setsid sleep 300 & disown; echo started")
-        assert r.output == "started\n"
+        r = environment.execute("setsid sleep 300 & disown; echo $!")
+        pid = r.output.strip()
+        assert pid.isdigit()
         assert r.duration_s < 0.5 + self.timing_slack / 4
-        environment.execute("pkill -f 'sleep 300' || true")
+        assert environment.execute(_ALIVE + f"alive {pid} && echo running").output == "running\n"
+        environment.execute(f"kill {pid}")
 
     def test_server_with_redirected_output(self, environment: BaseEnvironment) -> None:
         r = environment.execute(
-            "(for i in 1 2 3; do echo tick $i; sleep 0.1; done; sleep 300) >/tmp/hermes_t_srv.log 2>&1 & echo up"
+            "(for i in 1 2 3; do echo tick $i; sleep 0.1; done; exec sleep 300) >/tmp/hermes_t_srv.log 2>&1 & echo $!"
         )
-        assert r.output == "up\n" and r.duration_s < 0.5 + self.timing_slack / 4
+        pid = r.output.strip()
+        assert pid.isdigit() and r.duration_s < 0.5 + self.timing_slack / 4
         assert wait_until(lambda: "tick 3" in environment.execute("cat /tmp/hermes_t_srv.log").output, 10)
-        environment.execute("pkill -f 'sleep 300' || true")
+        environment.execute(f"kill {pid}")
 
 
 class EnvironmentConformance(
