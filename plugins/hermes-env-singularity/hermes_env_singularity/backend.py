@@ -1,0 +1,404 @@
+"""The singularity backend: one Apptainer instance per environment, one ``exec`` per command.
+
+Each command is ``apptainer exec instance://NAME bash -c SCRIPT``, a local
+process in its own session. The processes it starts in the instance stay in
+that host process group, so signalling the group ends the whole tree.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import hashlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from hermes_env_core.backends.local import filter_environment
+from hermes_env_core.environment.base import BaseEnvironment
+from hermes_env_core.environment.handles import ProcessHandle
+from hermes_env_core.environment.session import WrappedCommand
+from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavailable
+
+from .config import SingularityConfig
+from .images import ResolvedImage, resolve_image
+from .instances import instance_name, stop_instance, sweep_in_background
+from .runtime import Runtime, RuntimeNotFoundError, client_env, find_runtime, last_error
+
+__all__ = ["SingularityConfig", "SingularityEnvironment"]
+
+log = logging.getLogger(__name__)
+
+_SCRIPT_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Host variables that describe this machine or configure apptainer itself,
+# never the container: inheriting them would break the container's own.
+_HOST_ONLY = frozenset({"PATH", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "LD_LIBRARY_PATH", "LD_PRELOAD", "TMPDIR"})
+_HOST_ONLY_PREFIXES = ("APPTAINER", "SINGULARITY", "BASH_FUNC_")
+_CGROUP_HINTS = ("cgroup", "cpu.cfs", "memory.limit")
+
+# Per runtime, why --cpus/--memory failed once: later environments skip them.
+_limits_unsupported: dict[str, str] = {}
+
+
+class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """An ``apptainer exec`` client whose terminate/kill reach its process group.
+
+    apptainer's own messages arrive on a separate stderr (the wrapper merges
+    the command's stderr into stdout inside bash); a FATAL there means the
+    exec failed, which ``wait()`` raises instead of returning exit 255.
+    """
+
+    _err: IO[bytes] | None = None
+    _on_gone: Callable[[], None] | None = None
+    _instance = ""
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        err, self._err = self._err, None
+        if err is not None:
+            try:
+                err.seek(0)
+                text = err.read(65536).decode("utf-8", "replace")
+            finally:
+                err.close()
+            if code == 255 and "FATAL:" in text:
+                message = last_error(text[text.find("FATAL:"):])
+                if "no instance found" in text and self._on_gone is not None:
+                    self._on_gone()
+                    message += " (the instance is gone; the next command starts a new one)"
+                elif "executable file not found" in text:
+                    message += " (the image needs bash on its PATH)"
+                raise BackendError(f"singularity: exec in instance {self._instance} failed: {message}")
+        return code
+
+
+class SingularityEnvironment(BaseEnvironment):
+    """Runs commands in an Apptainer/Singularity instance started for this environment."""
+
+    name = "singularity"
+    stdin_mode = "pipe"
+    config_model = SingularityConfig
+
+    def __init__(self, config: SingularityConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        self.runtime: Runtime = find_runtime(cfg.executable)
+        self._client_env = client_env()
+        self._exec_env = {**self._client_env, **_container_env(cfg)}
+        self._instance: str | None = None
+        self._gone = False
+        self._finalizer: weakref.finalize | None = None
+        self._overlay_fd = -1
+        self._lock = threading.Lock()
+        self.limits_applied = False
+        sweep_in_background(self.runtime, self._client_env)
+        self.image: ResolvedImage = resolve_image(
+            cfg.image,
+            self.runtime,
+            cache_dir=cfg.cache_dir,
+            env=self._client_env,
+            build_timeout=cfg.build_timeout,
+            no_https=cfg.no_https,
+        )
+        if self.image.warning:
+            log.warning("singularity: %s", self.image.warning)
+            self._note(self.image.warning)
+        self._binds = [b.spec(_bind_source(b.source)) for b in cfg.binds]
+        self._overlay = self._lock_overlay() if cfg.overlay == "persistent" else None
+        try:
+            self._start_instance()
+        except BaseException:
+            self._release_overlay()
+            raise
+
+    # -- public -------------------------------------------------------------------
+    @property
+    def instance_name(self) -> str | None:
+        """The running instance's name (``instance://NAME``), None once closed."""
+        return self._instance
+
+    @property
+    def overlay_path(self) -> str | None:
+        """The persistent overlay directory, when ``overlay='persistent'``."""
+        return self._overlay
+
+    @classmethod
+    def check_requirements(cls) -> list[str]:
+        """What stops this backend on this machine (empty when it can run), for ``hermes-env doctor``."""
+        try:
+            runtime = find_runtime()
+        except RuntimeNotFoundError as exc:
+            return [str(exc)]
+        try:
+            runtime.version()
+        except EnvironmentUnavailable as exc:
+            return [str(exc)]
+        problems = []
+        if os.geteuid() != 0:
+            try:
+                with open("/proc/sys/user/max_user_namespaces") as f:
+                    if int(f.read().strip() or 0) == 0:
+                        problems.append(
+                            "singularity: user namespaces are disabled (user.max_user_namespaces = 0); "
+                            "non-root apptainer needs them, or a setuid installation"
+                        )
+            except (OSError, ValueError):
+                pass
+        return problems
+
+    # -- the instance ------------------------------------------------------------
+    def _start_args(self, *, limits: bool) -> list[str]:
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        args = ["instance", "start", "--containall", "--no-home", "--cleanenv"]
+        if cfg.overlay == "tmpfs":
+            args.append("--writable-tmpfs")
+        elif cfg.overlay == "persistent":
+            assert self._overlay is not None
+            args += ["--overlay", self._overlay]
+        if cfg.userns:
+            args.append("--userns")
+        if cfg.no_https and self.image.kind == "direct":
+            args.append("--no-https")
+        for spec in self._binds:
+            args += ["--bind", spec]
+        if limits:
+            if cfg.cpus is not None:
+                args += ["--cpus", f"{cfg.cpus:g}"]
+            if cfg.memory is not None:
+                args += ["--memory", cfg.memory]
+        args += list(cfg.extra_args)
+        return args
+
+    def _start_instance(self) -> None:
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        wants_limits = cfg.cpus is not None or cfg.memory is not None
+        known_bad = _limits_unsupported.get(self.runtime.path)
+        limits = wants_limits and known_bad is None
+        if wants_limits and known_bad is not None:
+            self._limits_refused(known_bad)
+        name = instance_name(self.task_id)
+        proc = self.runtime.run(
+            [*self._start_args(limits=limits), self.image.source, name], env=self._client_env, timeout=cfg.start_timeout
+        )
+        if proc.returncode != 0 and limits and any(h in proc.stderr.lower() for h in _CGROUP_HINTS):
+            reason = last_error(proc.stderr, 1)
+            _limits_unsupported[self.runtime.path] = reason
+            self._limits_refused(reason)
+            limits = False
+            proc = self.runtime.run(
+                [*self._start_args(limits=False), self.image.source, name],
+                env=self._client_env,
+                timeout=cfg.start_timeout,
+            )
+        if proc.returncode != 0:
+            raise EnvironmentUnavailable(
+                f"singularity: 'instance start' of {self.image.source} failed (exit {proc.returncode}): "
+                f"{last_error(proc.stderr)}"
+            )
+        self.limits_applied = limits
+        self._instance = name
+        self._gone = False
+        self._exec_prefix = self.runtime.argv("exec", "--cleanenv", "--pwd", "/", f"instance://{name}")
+        self._finalizer = weakref.finalize(
+            self, _stop_quietly, self.runtime, name, self._client_env, cfg.stop_timeout
+        )
+
+    def _limits_refused(self, reason: str) -> None:
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        asked = " ".join(
+            p for p in (f"--cpus {cfg.cpus:g}" if cfg.cpus else "", f"--memory {cfg.memory}" if cfg.memory else "") if p
+        )
+        if cfg.require_limits:
+            raise EnvironmentUnavailable(
+                f"singularity: this host cannot apply {asked} ({reason}) and require_limits is set"
+            )
+        self._note(f"resource limits not applied ({asked}): the host does not support them here: {reason}")
+
+    def _mark_gone(self) -> None:
+        self._gone = True
+
+    def _before_execute(self) -> None:
+        if not self._gone:
+            return
+        with self._lock:
+            if not self._gone or self._closed:
+                return
+            old = self._instance
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._start_instance()
+            self._note(
+                f"instance {old} was gone; started {self._instance} (session state restored; "
+                "files outside binds and persistent overlays were lost)"
+            )
+
+    def _lock_overlay(self) -> str:
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        assert cfg.task_id
+        root = os.path.expanduser(
+            cfg.overlay_dir or os.path.join(os.path.expanduser("~"), ".cache", "hermes-env", "singularity", "overlays")
+        )
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.task_id)[:40]
+        path = os.path.join(root, f"{slug}-{hashlib.sha256(cfg.task_id.encode()).hexdigest()[:8]}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise EnvironmentUnavailable(
+                f"singularity: the persistent overlay {path} of task {cfg.task_id!r} is in use by another "
+                "environment (two instances must not share one overlay)"
+            ) from exc
+        self._overlay_fd = fd
+        return path
+
+    def _release_overlay(self) -> None:
+        if self._overlay_fd >= 0:
+            os.close(self._overlay_fd)
+            self._overlay_fd = -1
+
+    # -- commands -------------------------------------------------------------------
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        args = [*self._exec_prefix, "bash", "-l"] if login else [*self._exec_prefix, "bash"]
+        pass_fds: tuple[int, ...] = ()
+        script_r = script_w = -1
+        if len(script) > _SCRIPT_ARG_LIMIT:
+            # Too long for one argv string: bash reads it from an inherited pipe.
+            script_r, script_w = os.pipe()
+            pass_fds = (script_r,)
+            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
+        else:
+            args += ["-c", script, "bash"]
+        err = tempfile.TemporaryFile(dir=_ERR_DIR)
+        try:
+            proc = _ExecProcess(
+                args,
+                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=self._exec_env,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                cwd="/",
+            )
+        except OSError as exc:
+            err.close()
+            raise EnvironmentUnavailable(f"singularity: cannot start {self.runtime.path}: {exc}") from exc
+        finally:
+            if script_r >= 0:
+                os.close(script_r)
+        proc._err = err
+        proc._on_gone = self._mark_gone
+        proc._instance = self._instance or ""
+        if script_w >= 0:
+            _feed(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
+        if stdin_data is not None:
+            _feed(proc.stdin, stdin_data)
+        return proc
+
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        if graceful:
+            handle.terminate()  # type: ignore[attr-defined]
+        else:
+            handle.kill()
+
+    def cleanup(self) -> None:
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        name, self._instance = self._instance, None
+        try:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+            if name is not None:
+                stop_instance(self.runtime, name, env=self._client_env, grace=cfg.stop_timeout)
+        finally:
+            self._release_overlay()
+
+
+def _err_dir() -> str | None:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+_ERR_DIR = _err_dir()
+
+
+def _bind_source(source: str) -> str:
+    path = os.path.abspath(os.path.expanduser(source))
+    if not os.path.exists(path):
+        raise ConfigError(f"singularity: bind source {path} does not exist on this host")
+    return path
+
+
+def _container_env(cfg: SingularityConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables set in the container, as ``APPTAINERENV_*`` for the exec client."""
+    src = os.environ if environ is None else environ
+    host = {
+        k: v
+        for k, v in src.items()
+        if k not in _HOST_ONLY and not k.startswith(_HOST_ONLY_PREFIXES) and _NAME_RE.match(k)
+    }
+    if not cfg.inherit_env:
+        wanted = tuple(p.upper() for p in cfg.env_passthrough)
+        host = {k: v for k, v in host.items() if any(fnmatch.fnmatchcase(k.upper(), p) for p in wanted)}
+    chosen = filter_environment(host, passthrough=cfg.env_passthrough, extra_blocked=cfg.env_blocklist)
+    for key in cfg.env:
+        if not _NAME_RE.match(key):
+            raise ConfigError(f"singularity: env name {key!r} is not a valid variable name")
+        if key == "HOME":
+            raise ConfigError("singularity: env may not set HOME (apptainer refuses it); use cwd for the start directory")
+    chosen.update(cfg.env)
+    return {f"APPTAINERENV_{k}": v for k, v in chosen.items()}
+
+
+def _stop_quietly(runtime: Runtime, name: str, env: Mapping[str, str], grace: int) -> None:
+    """Finalizer: the environment was dropped (or the interpreter exits) without close()."""
+    try:
+        stop_instance(runtime, name, env=env, grace=grace)
+    except Exception as exc:  # noqa: BLE001 - nothing to report to at this point
+        log.warning("singularity: could not stop instance %s: %s", name, exc)
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+    """Write stdin from a thread so a command that does not read cannot block us."""
+    if pipe is None:
+        return
+
+    def run() -> None:
+        try:
+            pipe.write(data)
+        except (BrokenPipeError, OSError):
+            pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    if len(data) <= 16384:
+        run()  # fits in the pipe buffer: no thread needed
+    else:
+        threading.Thread(target=run, name="hermes-env-stdin", daemon=True).start()
