@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import paramiko  # noqa: E402
+import paramiko
 
-from hermes_env_core.backends.ssh import SSHEnvironment  # noqa: E402
-from tests.support.sshd import SshServer  # noqa: E402
+from hermes_env_core.backends.ssh import SSHEnvironment
+from tests.support.sshd import SshServer
 
 
 def raw_transport(server: SshServer) -> paramiko.Transport:

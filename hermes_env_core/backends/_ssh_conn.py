@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
@@ -22,7 +22,7 @@ from .ssh import SSHAuthenticationError, SSHHostKeyError
 if TYPE_CHECKING:
     from .ssh import SSHConfig
 
-__all__ = ["Transport", "connect", "host_label", "open_channel", "run_simple", "LOST_ERRORS"]
+__all__ = ["LOST_ERRORS", "Transport", "connect", "host_label", "open_channel", "run_simple"]
 
 #: what paramiko raises when the connection under a channel is gone
 LOST_ERRORS: tuple[type[BaseException], ...] = (paramiko.SSHException, EOFError, OSError)
@@ -51,7 +51,10 @@ def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
 class Transport(paramiko.Transport):
     """A paramiko Transport that also understands ``exit-signal``."""
 
-    _channel_handler_table = {**paramiko.Transport._channel_handler_table, MSG_CHANNEL_REQUEST: _channel_request}
+    _channel_handler_table: ClassVar[dict[int, Any]] = {
+        **paramiko.Transport._channel_handler_table,
+        MSG_CHANNEL_REQUEST: _channel_request,
+    }
 
 
 def host_label(host: str, port: int) -> str:

@@ -99,7 +99,7 @@ class _ChannelStream(io.RawIOBase):
     def _recv(self, n: int) -> bytes:
         try:
             return self._chan.recv(n)
-        except Exception as exc:  # noqa: BLE001 - paramiko raises its own and socket errors
+        except Exception as exc:
             raise TransportError(f"ssh sync: connection to {self._env.host_label} lost: {exc!r}", transient=True) from exc
 
     def read(self, n: int = -1) -> bytes:  # type: ignore[override]

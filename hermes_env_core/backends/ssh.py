@@ -20,7 +20,7 @@ from pydantic import Field, SecretStr
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
-from ..environment.session import WrappedCommand, kill_tree_script
+from ..environment.session import KILL_TREE_FN, WrappedCommand, kill_tree_script
 from ..errors import BackendError, ConfigError, EnvironmentUnavailable
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ class SSHEnvironment(BaseEnvironment):
         self._transport: paramiko.Transport | None = None
         self._home = ""
         self._bash_login = False  # the login shell is bash: no second bash needed
+        self._orphans: list[int] = []  # remote pids of commands cut off by a lost connection
         self._live()
 
     @classmethod
@@ -129,7 +130,11 @@ class SSHEnvironment(BaseEnvironment):
     @property
     def host_label(self) -> str:
         """``user@host`` or ``user@[host]:port``, as in messages."""
-        return f"{self.config.user}@{self._label}"  # type: ignore[attr-defined]
+        return f"{self._cfg.user}@{self._label}"
+
+    @property
+    def _cfg(self) -> SSHConfig:
+        return self.config  # type: ignore[return-value]
 
     def _live(self) -> paramiko.Transport:
         """The connected Transport; reconnects when the last one dropped."""
@@ -154,12 +159,37 @@ class SSHEnvironment(BaseEnvironment):
                 raise
             self._transport = t
             if old is not None:
-                why = f" ({type(reason).__name__}: {reason})" if reason is not None else ""
+                why = f" ({type(reason).__name__}{f': {reason}' if str(reason) else ''})" if reason else ""
                 self._note(f"ssh connection to {self.host_label} had dropped{why}; reconnected")
-            return t
+            orphans, self._orphans = self._orphans, []
+        if orphans:
+            self._stop_orphans(orphans)
+        return t
+
+    def _stop_orphans(self, pids: list[int]) -> None:
+        # sshd does not signal a command whose connection died: it runs on. Stop
+        # it, unless its pid now belongs to someone else (it must still lead
+        # the session sshd gave it).
+        script = KILL_TREE_FN + "".join(
+            f"__hermes_s=; IFS= read -r __hermes_s </proc/{p}/stat 2>/dev/null && "
+            f"set -- ${{__hermes_s##*) }} && [ \"$4\" = {p} ] && "
+            f"{{ __hermes_kill_tree KILL {p}; builtin kill -KILL -- -{p} 2>/dev/null; }}\n"
+            for p in pids
+        ) + "exit 0\n"
+        try:
+            self._helper(script)
+        except Exception as exc:  # noqa: BLE001 - best effort
+            log.debug("ssh: could not stop orphaned commands %s: %r", pids, exc)
+            return
+        self._note(f"stopped the command(s) the lost connection left running (remote pid {', '.join(map(str, pids))})")
+
+    def _orphaned(self, pid: int | None) -> None:
+        if pid is not None:
+            with self._lock:
+                self._orphans.append(pid)
 
     def _probe(self, t: paramiko.Transport) -> None:
-        code, out = self._conn.run_simple(t, _PROBE, timeout=self.config.connect_timeout)  # type: ignore[attr-defined]
+        code, out = self._conn.run_simple(t, _PROBE, timeout=self._cfg.connect_timeout)
         text = out.decode("utf-8", "surrogateescape")
         if code != 0 or _PROBE_MARK not in text:
             raise EnvironmentUnavailable(
@@ -181,7 +211,7 @@ class SSHEnvironment(BaseEnvironment):
         and the command started on the new one; once sent, a loss is an error,
         since the command may have started.
         """
-        timeout = self.config.connect_timeout  # type: ignore[attr-defined]
+        timeout = self._cfg.connect_timeout
         for attempt in (0, 1):
             t = self._live()
             try:
@@ -215,7 +245,7 @@ class SSHEnvironment(BaseEnvironment):
         t = self._transport
         if t is None or not t.is_active():
             return -1
-        code, out = self._conn.run_simple(t, self._in_bash(script), timeout=self.config.connect_timeout)  # type: ignore[attr-defined]
+        code, out = self._conn.run_simple(t, self._in_bash(script), timeout=self._cfg.connect_timeout)
         if code != 0:
             log.debug("ssh helper exited %s: %r", code, out[:200])
         return code
@@ -296,7 +326,7 @@ class _Workers:
         while True:
             try:
                 fn(*args)
-            except BaseException:  # noqa: BLE001 - a worker must survive its task
+            except BaseException:
                 log.exception("ssh worker task failed")
             with self._lock:
                 self._idle += 1
@@ -424,8 +454,9 @@ class _RemoteBash:
         else:
             self.error = BackendError(
                 f"ssh: the connection to {where} was lost while the command was running"
-                f" ({type(reason).__name__ if reason else 'closed'}); the remote command may still be running"
+                f" ({type(reason).__name__ if reason else 'closed'}); it is stopped on reconnect"
             )
+            self._env._orphaned(self.pid)
         return -1
 
     def poll(self) -> int | None:

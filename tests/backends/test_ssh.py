@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -45,23 +44,23 @@ def _clean_shared_tmp() -> None:
 
 
 def _make(server, tmp_path: Path, **options) -> SSHEnvironment:
-    kw = dict(
-        host=server.host,
-        port=server.port,
-        user=server.user,
-        key_path=str(server.client_key_path),
-        use_agent=False,
-        look_for_keys=False,
-        known_hosts=str(tmp_path / "known_hosts"),
-        timeout=60,
-    )
+    kw: dict[str, object] = {
+        "host": server.host,
+        "port": server.port,
+        "user": server.user,
+        "key_path": str(server.client_key_path),
+        "use_agent": False,
+        "look_for_keys": False,
+        "known_hosts": str(tmp_path / "known_hosts"),
+        "timeout": 60,
+    }
     kw.update(options)
     return SSHEnvironment(**kw)
 
 
 def _user_procs(server, pattern: str) -> list[str]:
     """Live processes of the test user whose command line starts with ``pattern``."""
-    r = subprocess.run(["pgrep", "-u", server.user, "-f", "^" + pattern], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-u", server.user, "-f", "^" + pattern], capture_output=True, text=True, check=False)
     pids = r.stdout.split()
     live = []
     for pid in pids:
@@ -75,7 +74,7 @@ def _user_procs(server, pattern: str) -> list[str]:
 
 
 def _kill_user_procs(server, pattern: str) -> None:
-    subprocess.run(["pkill", "-KILL", "-u", server.user, "-f", pattern], capture_output=True)
+    subprocess.run(["pkill", "-KILL", "-u", server.user, "-f", "^" + pattern], capture_output=True, check=False)
 
 
 class TestSSHConformance(EnvironmentConformance):
@@ -121,11 +120,11 @@ def test_module_imports_without_paramiko():
         "except m.EnvironmentUnavailable as e:\n    assert 'hermes-env-core[ssh]' in str(e)\n"
         "else:\n    raise SystemExit('no error')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     r = subprocess.run(
         [sys.executable, "-c", "import hermes_env_core.backends.ssh, sys; assert 'paramiko' not in sys.modules"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     assert r.returncode == 0, r.stderr
 
@@ -252,9 +251,12 @@ def test_session_killed_mid_command_is_backend_error_then_reconnects(private_ssh
             assert not t.is_alive()
             assert isinstance(outcome.get("error"), BackendError), outcome
             assert "lost" in str(outcome["error"])
+            assert _user_procs(server, "sleep 31.5")  # sshd left the command running
             r = env.execute('echo "$HERMES_T_KEEP"; pwd')
             assert r.output == "kept\n/tmp\n" and r.exit_code == 0
             assert any("reconnected" in n for n in r.notes)
+            assert any("stopped" in n for n in r.notes)
+            assert wait_until(lambda: not _user_procs(server, "sleep 31.5"), 10)
         finally:
             _kill_user_procs(server, "sleep 31.5")
 
