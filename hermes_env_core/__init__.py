@@ -1,1 +1,100 @@
-"""hermes-env: run an agent's shell commands anywhere, as if in one long-lived bash."""
+"""hermes-env: run an agent's shell commands anywhere, as if in one long-lived bash.
+
+``create_environment()`` picks a backend by name (local, docker, ssh or one a
+plugin provides); every backend runs ``execute()`` the same way.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+from .config import (
+    ConfigFile,
+    ConfigValue,
+    ResolvedConfig,
+    load_config_file,
+    resolve_config,
+)
+from .environment import (
+    EXIT_CANCELLED,
+    EXIT_CWD,
+    EXIT_TIMEOUT,
+    BaseEnvironment,
+    CancelToken,
+    EnvironmentConfig,
+    ExecResult,
+    ProcessHandle,
+    StdinMode,
+    ThreadedProcessHandle,
+)
+from .errors import (
+    BackendError,
+    BackendNotFoundError,
+    BackendNotInstalledError,
+    ConfigError,
+    DuplicateBackendError,
+    EnvironmentClosedError,
+    EnvironmentUnavailable,
+    HermesEnvError,
+    PluginLoadError,
+    SyncError,
+    UnsafeArchiveError,
+    UnsupportedOperation,
+)
+from .factory import EnvironmentFactory, EnvironmentPool, create_environment
+from .plugins import (
+    BackendRegistry,
+    BackendSpec,
+    PluginInfo,
+    PluginLoadWarning,
+    get_registry,
+    hookimpl,
+    hookspec,
+)
+
+try:
+    __version__ = _version("hermes-env-core")
+except _PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_CWD",
+    "EXIT_TIMEOUT",
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendNotInstalledError",
+    "BackendRegistry",
+    "BackendSpec",
+    "BaseEnvironment",
+    "CancelToken",
+    "ConfigError",
+    "ConfigFile",
+    "ConfigValue",
+    "DuplicateBackendError",
+    "EnvironmentClosedError",
+    "EnvironmentConfig",
+    "EnvironmentFactory",
+    "EnvironmentPool",
+    "EnvironmentUnavailable",
+    "ExecResult",
+    "HermesEnvError",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginLoadWarning",
+    "ProcessHandle",
+    "ResolvedConfig",
+    "StdinMode",
+    "SyncError",
+    "ThreadedProcessHandle",
+    "UnsafeArchiveError",
+    "UnsupportedOperation",
+    "__version__",
+    "create_environment",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "load_config_file",
+    "resolve_config",
+]
