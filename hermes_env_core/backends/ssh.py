@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 #: hermes-env's own known_hosts file, so first contact never edits ~/.ssh
 DEFAULT_KNOWN_HOSTS = "~/.config/hermes-env/known_hosts"
-_STATE_DIR = "/tmp"
 # sshd hands the command to the login shell as one argv string (128 KiB max);
 # longer scripts are sent ahead of stdin on the channel instead.
 _COMMAND_LIMIT = 100_000
@@ -48,7 +47,13 @@ _STDIN_INLINE = 65536  # below the server's initial window: sendall cannot block
 _PID_MARK = b"\x1ehermes-pid:"
 _PID_LINE = "command printf '\\036hermes-pid:%d\\n' $$; "
 _PROBE_MARK = "\x1ehermes-probe\n"
-_PROBE = "command printf '\\036hermes-probe\\n%s\\n%s\\n%s\\n' \"$HOME\" \"${BASH_VERSION-}\" \"${SHELLOPTS-}\""
+# Home, whether the login shell is bash (then it runs our scripts itself), and
+# a private state directory, on tmpfs when there is one (written every command).
+_PROBE = (
+    "d=; for b in /dev/shm /tmp; do [ -d $b ] && [ -w $b ] || continue; d=$b/hermes-env-{token}; "
+    "mkdir -m 700 \"$d\" 2>/dev/null || [ -O \"$d\" ] && [ -d \"$d\" ] && [ ! -L \"$d\" ] && break; d=; done; "
+    "command printf '\\036hermes-probe\\n%s\\n%s\\n%s\\n%s\\n' \"$HOME\" \"${{BASH_VERSION-}}\" \"${{SHELLOPTS-}}\" \"$d\""
+)
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -104,6 +109,8 @@ class SSHEnvironment(BaseEnvironment):
         self._lock = threading.Lock()
         self._transport: paramiko.Transport | None = None
         self._home = ""
+        self._token = os.urandom(6).hex()
+        self._remote_dir = ""
         self._bash_login = False  # the login shell is bash: no second bash needed
         self._orphans: list[int] = []  # remote pids of commands cut off by a lost connection
         self._live()
@@ -189,14 +196,17 @@ class SSHEnvironment(BaseEnvironment):
                 self._orphans.append(pid)
 
     def _probe(self, t: paramiko.Transport) -> None:
-        code, out = self._conn.run_simple(t, _PROBE, timeout=self._cfg.connect_timeout)
+        probe = _PROBE.format(token=self._token)
+        code, out = self._conn.run_simple(t, probe, timeout=self._cfg.connect_timeout)
         text = out.decode("utf-8", "surrogateescape")
         if code != 0 or _PROBE_MARK not in text:
             raise EnvironmentUnavailable(
                 f"ssh: {self.host_label} cannot run commands (exit {code}): {text.strip()[:500]!r}"
             )
-        home, bash_version, shellopts = (text.split(_PROBE_MARK, 1)[1].split("\n") + ["", "", ""])[:3]
-        self._home = home
+        home, bash_version, shellopts, state_dir = (text.split(_PROBE_MARK, 1)[1].split("\n") + [""] * 4)[:4]
+        if not state_dir:
+            raise EnvironmentUnavailable(f"ssh: {self.host_label} has no writable /dev/shm or /tmp for session state")
+        self._home, self._remote_dir = home, state_dir
         self._bash_login = bool(bash_version) and "posix" not in shellopts.split(":")
 
     def _drop(self, t: paramiko.Transport) -> None:
@@ -258,7 +268,7 @@ class SSHEnvironment(BaseEnvironment):
             # The session quotes its cwd, so "~" must be expanded here, before
             # the base class reads config.cwd for the new session.
             self.config = self.config.model_copy(update={"cwd": self._home + cwd[1:]})
-        return _STATE_DIR
+        return self._remote_dir
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
@@ -286,12 +296,11 @@ class SSHEnvironment(BaseEnvironment):
 
     def cleanup(self) -> None:
         t = self._transport
-        if t is not None and t.is_active() and self._session is not None:
-            prefix = shlex.quote(f"{_STATE_DIR}/.hermes-{self.task_id}-")
+        if t is not None and t.is_active() and self._remote_dir:
             try:
-                self._helper(f"rm -f -- {prefix}*.state {prefix}*.state.pid")
+                self._helper(f"rm -rf -- {shlex.quote(self._remote_dir)}")
             except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                log.debug("ssh: could not remove remote state files: %r", exc)
+                log.debug("ssh: could not remove the remote state directory: %r", exc)
         with self._lock:
             t, self._transport = self._transport, None
         if t is not None:

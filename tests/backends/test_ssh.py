@@ -388,13 +388,16 @@ def test_login_shell_noise_never_reaches_output(private_sshd_server, tmp_path):
         rc.write_bytes(original)
 
 
-def test_remote_state_files_removed_at_close(sshd_server, tmp_path):
+def test_state_in_a_private_remote_dir_removed_at_close(sshd_server, tmp_path):
     env = _make(sshd_server, tmp_path)
     env.execute("true")
-    pattern = f"/tmp/.hermes-{env.task_id}-*"
-    assert glob.glob(pattern)
+    d = Path(env._state_dir())
+    assert d.parent in (Path("/dev/shm"), Path("/tmp"))
+    st = d.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == sshd_server.uid
+    assert any(p.name.endswith(".state") for p in d.iterdir())
     env.close()
-    assert not glob.glob(pattern)
+    assert not d.exists()
 
 
 # -- sync transport ---------------------------------------------------------------
@@ -430,3 +433,23 @@ def test_sync_transport_round_trip(sshd_server, tmp_path):
             assert transport.download(f"{root}/nope") is None
         finally:
             env.execute(f"rm -rf {root}")
+
+
+def test_sync_transport_uses_the_reconnecting_connection(private_sshd_server, tmp_path):
+    from hermes_env_core.sync.transport import TransportError
+
+    server = private_sshd_server
+    kh = tmp_path / "known_hosts"
+    with _make(server, tmp_path, known_hosts=str(kh)) as env:
+        transport = env.sync_transport()
+        old = env._transport
+        server.kill_user_sessions()
+        assert wait_until(lambda: not old.is_active(), 10)
+        out = transport.download("/etc", "hostname")
+        assert out is not None and out.read(512)
+        out.close()
+        assert env._transport is not old
+        server.regenerate_host_key()
+        with pytest.raises(TransportError) as e:
+            transport.download("/etc", "hostname")
+        assert not e.value.transient and str(kh) in str(e.value)
