@@ -19,6 +19,7 @@ import pytest
 
 from hermes_env_core import BackendRegistry, BackendSpec, hookimpl
 from hermes_env_core import cli as cli_module
+from hermes_env_core import factory as factory_module
 from hermes_env_core.backends.local import LocalEnvironment
 from hermes_env_core.cli import main
 from hermes_env_core.plugins import builtin
@@ -161,6 +162,16 @@ def test_ctrl_c_cancels_the_command_with_130(tmp_path):
         proc.wait()
 
 
+@pytest.fixture
+def core_registry(monkeypatch):
+    """Only the core's backends, whatever else is installed here."""
+    registry = BackendRegistry(entry_points=False)
+    registry.register(builtin, name="core", distribution="hermes-env-core")
+    monkeypatch.setattr(cli_module, "get_registry", lambda: registry)
+    monkeypatch.setattr(factory_module, "get_registry", lambda: registry)
+    return registry
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -171,12 +182,17 @@ def test_ctrl_c_cancels_the_command_with_130(tmp_path):
         (("config", "--env", "apptainer"), "pip install hermes-env-singularity"),
     ],
 )
-def test_errors_are_one_line_with_exit_status_2(args, needle):
-    proc = cli(*args)
+def test_errors_are_one_line_with_exit_status_2(core_registry, args, needle):
+    code, out, err = run_main(*args)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hermes-env: error: ") and needle in lines[0], err
+
+
+def test_errors_in_a_subprocess_have_no_traceback():
+    proc = cli("run", "--env", "dokcer", "true")
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hermes-env: error: ") and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("hermes-env: error: unknown backend 'dokcer'") and "Traceback" not in proc.stderr
 
 
 def test_a_bad_config_file_is_a_one_line_error(tmp_path):
@@ -289,8 +305,7 @@ def test_backends_lists_the_builtins_with_distribution_and_version():
     version = importlib_metadata.version("hermes-env-core")
     [local] = [line for line in proc.stdout.splitlines() if line.startswith("local ")]
     assert local.split() == ["local", "-", "hermes-env-core", version, "loadable"]
-    assert "NAME" in proc.stdout and "STATUS" in proc.stdout
-    assert "pip install hermes-env-modal" in proc.stdout  # known, not installed
+    assert proc.stdout.splitlines()[0].split() == ["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "STATUS"]
 
 
 def test_backends_json():
@@ -299,7 +314,14 @@ def test_backends_json():
     assert {"local", "docker", "ssh"} <= set(rows)
     assert rows["local"]["loadable"] is True and rows["local"]["distribution"] == "hermes-env-core"
     assert rows["docker"]["target"] == "hermes_env_core.backends.docker:DockerEnvironment"
-    assert data["failed_plugins"] == [] and data["conflicts"] == {}
+    assert set(data) == {"backends", "failed_plugins", "conflicts", "not_installed"}
+
+
+def test_backends_names_what_to_install_for_known_backends(core_registry):
+    code, out, _ = run_main("backends")
+    assert code == 0
+    assert "  modal: pip install hermes-env-modal" in out.splitlines()
+    assert "  singularity (apptainer): pip install hermes-env-singularity" in out.splitlines()
 
 
 def test_config_shows_each_value_and_its_source(tmp_path):
