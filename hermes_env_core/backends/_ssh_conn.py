@@ -230,10 +230,12 @@ def open_channel(transport: Transport, timeout: float) -> paramiko.Channel:
     while True:
         try:
             return transport.open_session(timeout=max(deadline - time.monotonic(), 0.1))
-        except paramiko.ChannelException:
-            if time.monotonic() + pause > deadline:
+        except paramiko.SSHException:
+            # A refusal (MaxSessions) is a ChannelException, or a bare "Unable
+            # to open channel" when a concurrent opener took the saved one.
+            if not transport.is_active() or time.monotonic() + pause > deadline:
                 raise
-            time.sleep(pause)  # the server's session limit: retry as channels close
+            time.sleep(pause)  # retry as other channels close
             pause = min(pause * 2, 0.1)
 
 

@@ -456,14 +456,14 @@ class _RemoteBash:
         if self._closed_by_us:
             return -signal.SIGKILL
         t = chan.get_transport()
-        reason = t.get_exception() if t is not None else None
         where = self._env.host_label
-        if reason is None and t is not None and t.is_active():
+        if t is not None and t.is_active():
             self.error = BackendError(f"ssh: {where} ended the command without an exit status")
         else:
+            exc = t.get_exception() if t is not None else None
             self.error = BackendError(
                 f"ssh: the connection to {where} was lost while the command was running"
-                f" ({type(reason).__name__ if reason else 'closed'}); it is stopped on reconnect"
+                f" ({type(exc).__name__ if exc else 'closed'}); it is stopped on reconnect"
             )
             self._env._orphaned(self.pid)
         return -1

@@ -453,3 +453,20 @@ def test_sync_transport_uses_the_reconnecting_connection(private_sshd_server, tm
         with pytest.raises(TransportError) as e:
             transport.download("/etc", "hostname")
         assert not e.value.transient and str(kh) in str(e.value)
+
+
+def test_more_concurrent_commands_than_the_server_allows_channels(sshd_server, tmp_path):
+    from tests.support.sshd import SshServer
+
+    with SshServer(extra_config={"MaxSessions": "3"}) as server, _make(server, tmp_path) as env:
+        results: list[str] = []
+
+        def run(i: int) -> None:
+            results.append(env.execute(f"sleep 0.3; echo {i}").output)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(results) == sorted(f"{i}\n" for i in range(8))
