@@ -18,6 +18,7 @@ from paramiko.common import MSG_CHANNEL_REQUEST
 
 from ..errors import EnvironmentUnavailable
 from .ssh import SSHAuthenticationError, SSHHostKeyError
+from .ssh import _host_label as host_label
 
 if TYPE_CHECKING:
     from .ssh import SSHConfig
@@ -55,11 +56,6 @@ class Transport(paramiko.Transport):
         **paramiko.Transport._channel_handler_table,
         MSG_CHANNEL_REQUEST: _channel_request,
     }
-
-
-def host_label(host: str, port: int) -> str:
-    """How known_hosts names this server (OpenSSH's ``[host]:port`` unless port 22)."""
-    return host if port == 22 else f"[{host}]:{port}"
 
 
 def _tune(sock: socket.socket, keepalive_s: float) -> None:

@@ -82,6 +82,7 @@ class SSHConfig(EnvironmentConfig):
 
 
 def _host_label(host: str, port: int) -> str:
+    """How known_hosts names a server (OpenSSH's ``[host]:port`` unless port 22)."""
     return host if port == 22 else f"[{host}]:{port}"
 
 
