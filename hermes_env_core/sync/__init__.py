@@ -1,0 +1,43 @@
+"""The file sync engine shared by remote backends: push host trees before each
+command, pull the target's changes back, over a pluggable ``FileSyncTransport``.
+"""
+
+from __future__ import annotations
+
+from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS
+from .engine import FORCE_ENV, PushResult, RetryPolicy, SyncEngine, SyncProgress
+from .filters import DEFAULT_EXCLUDES, PathFilter
+from .mapping import SyncMapping
+from .pull import CONFLICT_MARKER, PullResult, SyncConflict
+from .transport import (
+    CommandFailedError,
+    CommandRunner,
+    CommandTransport,
+    FileSyncTransport,
+    LocalDirTransport,
+    SubprocessRunner,
+    TransportError,
+)
+
+__all__ = [
+    "CONFLICT_MARKER",
+    "CommandFailedError",
+    "CommandRunner",
+    "CommandTransport",
+    "DEFAULT_EXCLUDES",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_MEMBERS",
+    "FORCE_ENV",
+    "FileSyncTransport",
+    "LocalDirTransport",
+    "PathFilter",
+    "PullResult",
+    "PushResult",
+    "RetryPolicy",
+    "SubprocessRunner",
+    "SyncConflict",
+    "SyncEngine",
+    "SyncMapping",
+    "SyncProgress",
+    "TransportError",
+]
