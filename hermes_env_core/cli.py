@@ -271,6 +271,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         print("\nknown backends not installed:")
         for item in missing:
             print(f"  {item['name']}: {item['install']}")
+    print(f"\n(listing imports no backend; `{PROG} doctor` imports each and checks its requirements)")
     return 0
 
 
