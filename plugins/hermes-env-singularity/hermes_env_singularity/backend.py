@@ -7,6 +7,7 @@ that host process group, so signalling the group ends the whole tree.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import fnmatch
 import hashlib
@@ -45,7 +46,7 @@ _HOST_ONLY_PREFIXES = ("APPTAINER", "SINGULARITY", "BASH_FUNC_")
 _CGROUP_HINTS = ("cgroup", "cpu.cfs", "memory.limit")
 
 # Per runtime, why --cpus/--memory failed once: later environments skip them.
-_limits_unsupported: dict[str, str] = {}
+_limits_unsupported: dict[tuple[str, str | None], str] = {}
 
 
 class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
@@ -103,6 +104,11 @@ class SingularityEnvironment(BaseEnvironment):
         super().__init__(config, **options)
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
         self.runtime: Runtime = find_runtime(cfg.executable)
+        if cfg.apptainer_conf:
+            conf = os.path.abspath(os.path.expanduser(cfg.apptainer_conf))
+            if not os.path.isfile(conf):
+                raise ConfigError(f"singularity: apptainer_conf {conf} is not a file")
+            self.runtime = dataclasses.replace(self.runtime, config_file=conf)
         self._client_env = client_env()
         self._exec_env = {**self._client_env, **_container_env(cfg)}
         self._instance: str | None = None
@@ -192,7 +198,7 @@ class SingularityEnvironment(BaseEnvironment):
     def _start_instance(self) -> None:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
         wants_limits = cfg.cpus is not None or cfg.memory is not None
-        known_bad = _limits_unsupported.get(self.runtime.path)
+        known_bad = _limits_unsupported.get((self.runtime.path, self.runtime.config_file))
         limits = wants_limits and known_bad is None
         if wants_limits and known_bad is not None:
             self._limits_refused(known_bad)
@@ -201,8 +207,9 @@ class SingularityEnvironment(BaseEnvironment):
             [*self._start_args(limits=limits), self.image.source, name], env=self._client_env, timeout=cfg.start_timeout
         )
         if proc.returncode != 0 and limits and any(h in proc.stderr.lower() for h in _CGROUP_HINTS):
-            reason = last_error(proc.stderr, 1)
-            _limits_unsupported[self.runtime.path] = reason
+            reason = next(ln for ln in proc.stderr.splitlines() if any(h in ln.lower() for h in _CGROUP_HINTS))
+            reason = re.sub(r"^\s*(FATAL|ERROR):\s*", "", reason).strip()
+            _limits_unsupported[(self.runtime.path, self.runtime.config_file)] = reason
             self._limits_refused(reason)
             limits = False
             proc = self.runtime.run(
@@ -211,9 +218,10 @@ class SingularityEnvironment(BaseEnvironment):
                 timeout=cfg.start_timeout,
             )
         if proc.returncode != 0:
+            also = f"; before that, the {self.image.warning}" if self.image.warning else ""
             raise EnvironmentUnavailable(
                 f"singularity: 'instance start' of {self.image.source} failed (exit {proc.returncode}): "
-                f"{last_error(proc.stderr)}"
+                f"{last_error(proc.stderr)}{also}"
             )
         self.limits_applied = limits
         self._instance = name

@@ -77,6 +77,9 @@ class SingularityConfig(EnvironmentConfig):
     executable: str | None = Field(
         None, description="apptainer or singularity binary (name or path); default: apptainer, then singularity."
     )
+    apptainer_conf: str | None = Field(
+        None, description="An apptainer.conf to use instead of the installed one (-c; root or unprivileged installs)."
+    )
     cache_dir: str | None = Field(
         None, description="Where built SIFs are kept; default $APPTAINER_CACHEDIR/hermes-env, else ~/.cache."
     )

@@ -127,7 +127,7 @@ _swept_lock = threading.Lock()
 
 def sweep_in_background(runtime: Runtime, env: Mapping[str, str]) -> threading.Thread | None:
     """Sweep once per process and runtime, without making the caller wait."""
-    key = runtime.path + "\0" + env.get("HOME", "")
+    key = f"{runtime.path}\0{runtime.config_file}\0{env.get('HOME', '')}"
     with _swept_lock:
         if key in _swept:
             return None

@@ -37,9 +37,10 @@ class RuntimeNotFoundError(EnvironmentUnavailable):
 
 @dataclass(frozen=True)
 class Runtime:
-    """One apptainer-compatible binary."""
+    """One apptainer-compatible binary, optionally with its own ``apptainer.conf``."""
 
     path: str
+    config_file: str | None = None
 
     @property
     def flavor(self) -> str:
@@ -49,7 +50,8 @@ class Runtime:
 
     def argv(self, *args: str) -> list[str]:
         # -s: errors only, so that INFO lines never mix into a command's output.
-        return [self.path, "-s", *args]
+        conf = ["-c", self.config_file] if self.config_file else []
+        return [self.path, "-s", *conf, *args]
 
     def run(
         self, args: Sequence[str], *, env: Mapping[str, str], timeout: float | None = 60.0

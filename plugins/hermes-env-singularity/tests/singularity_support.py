@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+PLUGIN_ROOT = Path(__file__).resolve().parents[1]
+
 # Commands the conformance suite and these tests run inside the container.
 IMAGE_COMMANDS = (
     "bash", "cat", "head", "tail", "tr", "seq", "od", "wc", "sleep", "mkdir", "rmdir", "true", "false",
