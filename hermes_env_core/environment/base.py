@@ -361,6 +361,12 @@ class BaseEnvironment(abc.ABC):
             run.exit_code, run.timed_out = EXIT_TIMEOUT, True
         elif run.frame is not None and not run.corrupt:
             run.exit_code = run.frame[0]
+            # bash killed by a signal still runs its EXIT trap, which sees $? = 0;
+            # the process status tells the truth then (shell convention 128+N).
+            if code < 0:
+                run.exit_code = 128 - code
+            elif run.exit_code == 0 and code > 128:
+                run.exit_code = code
         else:
             run.exit_code = 128 - code if code < 0 else code
         return run

@@ -203,7 +203,15 @@ class WrappedCommand:
 
     @property
     def pidfile(self) -> str:
+        """Where the wrapper records ``<pid> <nonce>`` (with ``record_pid``)."""
         return self.state_file + ".pid"
+
+    def pid_from(self, text: str) -> int | None:
+        """The pid in a pidfile's text, if this command (not an earlier one in the slot) wrote it."""
+        parts = text.split()
+        if len(parts) == 2 and parts[1] == self.nonce and parts[0].isdigit():
+            return int(parts[0])
+        return None
 
     @property
     def marker(self) -> bytes:
@@ -262,8 +270,11 @@ class ShellSession:
                 self._default_cwd = state.cwd
 
     def reset_cwd(self) -> str | None:
+        """After the session's directory vanished: back to the default, or,
+        if that is the one that failed, to where the shell starts."""
         with self._lock:
-            self._cwd = self._default_cwd
+            start = self._baseline.cwd if self._baseline else None
+            self._cwd = start if self._cwd == self._default_cwd and start else self._default_cwd
             return self._cwd
 
     # -- wrapping --------------------------------------------------------
@@ -283,8 +294,9 @@ class ShellSession:
             new_slot = not self._free_slots
             slot = self._take_slot() if new_slot else self._free_slots.pop()
         explicit = cwd is not None
-        target_cwd = cwd if explicit else session_cwd
-        if explicit and session_cwd and not posixpath.isabs(cwd or ""):
+        # A snapshot runs where the shell starts: that is how we learn it.
+        target_cwd = cwd if explicit else (None if snapshot else session_cwd)
+        if explicit and session_cwd and not posixpath.isabs(cwd or "") and not (cwd or "").startswith("~"):
             target_cwd = posixpath.join(session_cwd, cwd or "")
         state_file = posixpath.join(self.state_dir, f".hermes-{self.env_id}-{slot}.state")
         parts = [
@@ -302,7 +314,7 @@ class ShellSession:
         if state is not None:
             parts.append(self._restore_text(state, baseline))
         if target_cwd:
-            q = shlex.quote(target_cwd)
+            q = _quote_dir(target_cwd)
             parts.append(
                 f"builtin cd -- {q} 2>/dev/null || {{ __hermes_nocd=1; "
                 f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}\n"
@@ -364,8 +376,15 @@ class ShellSession:
         return out
 
     def interactive_defaults(self, state: SessionState) -> SessionState:
-        """The session starts with aliases expanded, as an interactive bash does."""
-        return SessionState(**{**state.__dict__, "bashopts": state.bashopts | {"expand_aliases"}})
+        """The first state: aliases expanded, as in an interactive bash, and
+        the configured directory (the snapshot itself ran where bash starts)."""
+        return SessionState(
+            **{
+                **state.__dict__,
+                "bashopts": state.bashopts | {"expand_aliases"},
+                "cwd": self._default_cwd or state.cwd,
+            }
+        )
 
     # -- reading back ----------------------------------------------------
     def accept(self, wrapped: WrappedCommand, frame: Frame | None, *, as_baseline: bool = False) -> SessionState | None:
@@ -383,6 +402,15 @@ class ShellSession:
             state = SessionState(**{**state.__dict__, "cwd": self._cwd})
         self.set_state(state)
         return state
+
+
+def _quote_dir(path: str) -> str:
+    """Quote a directory for ``cd``, expanding a leading ``~`` to the target's $HOME."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
 
 
 def ansi_c_quote(text: str) -> str:
@@ -450,5 +478,5 @@ def kill_tree_script(pid: int, sig: str = "TERM") -> str:
 
 
 def pidfile_line(path_expr: str = '"$__hermes_f.pid"') -> str:
-    """Script line recording the wrapper's pid for a later ``kill_tree_script``."""
-    return f"builtin printf '%d' $$ >{path_expr}\n"
+    """Script line recording the wrapper's pid and nonce for a later ``kill_tree_script``."""
+    return f"builtin printf '%d %s' $$ \"$__hermes_n\" >{path_expr}\n"

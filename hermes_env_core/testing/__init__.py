@@ -15,6 +15,7 @@ Adding a test here changes the contract for every backend.
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import threading
 import time
@@ -58,6 +59,11 @@ _ALIVE = (
     'alive() { local s; [ -r /proc/$1/stat ] || return 1; IFS= read -r s </proc/$1/stat || return 1; '
     's=${s##*) }; [ "${s%% *}" != Z ]; }; '
 )
+
+def _scratch(name: str) -> str:
+    """A path in the target's /tmp that no other test, user or run shares."""
+    return f"/tmp/hermes_t_{name}_{secrets.token_hex(6)}"
+
 
 _text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=200)
 
@@ -182,10 +188,11 @@ class StateConformance(EnvironmentFixture):
         assert environment.execute("hermes_ll").output == "aliased\n"
 
     def test_cd_persists_and_is_reported(self, environment: BaseEnvironment) -> None:
-        r = environment.execute("mkdir -p /tmp/hermes_t_dir && cd /tmp/hermes_t_dir")
-        assert r.cwd == "/tmp/hermes_t_dir"
-        assert environment.execute("pwd").output == "/tmp/hermes_t_dir\n"
-        assert environment.session.cwd == "/tmp/hermes_t_dir"
+        d = _scratch("dir")
+        r = environment.execute(f"mkdir -p {d} && cd {d}")
+        assert r.cwd == d
+        assert environment.execute("pwd").output == f"{d}\n"
+        assert environment.session.cwd == d
 
     def test_set_o_and_shopt_persist(self, environment: BaseEnvironment) -> None:
         environment.execute("set -o pipefail; shopt -s extglob nullglob")
@@ -254,10 +261,11 @@ class CwdConformance(EnvironmentFixture):
         assert environment.execute("pwd").output == before
 
     def test_session_cwd_removed_recovers(self, environment: BaseEnvironment) -> None:
-        environment.execute("mkdir -p /tmp/hermes_t_rm && cd /tmp/hermes_t_rm")
-        environment.execute("rmdir /tmp/hermes_t_rm")
+        d = _scratch("rm")
+        environment.execute(f"mkdir -p {d} && cd {d}")
+        environment.execute(f"rmdir {d}")
         r = environment.execute("pwd")
-        assert r.exit_code == EXIT_CWD and "/tmp/hermes_t_rm" in r.output
+        assert r.exit_code == EXIT_CWD and d in r.output
         assert any("reset" in n for n in r.notes)
         assert environment.execute("echo back").exit_code == 0
 
@@ -328,9 +336,10 @@ class TimeoutConformance(EnvironmentFixture):
         assert r.duration_s < 1 + self.timing_slack + environment.config.kill_grace_s
 
     def test_timeout_kills_the_tree(self, environment: BaseEnvironment) -> None:
-        r = environment.execute("sleep 600 & echo $! >/tmp/hermes_t_child; sleep 600", timeout=1)
+        f = _scratch("child")
+        r = environment.execute(f"sleep 600 & echo $! >{f}; sleep 600", timeout=1)
         assert r.timed_out
-        pid = environment.execute("cat /tmp/hermes_t_child").output.strip()
+        pid = environment.execute(f"cat {f}").output.strip()
         assert pid.isdigit()
         gone = wait_until(lambda: environment.execute(_ALIVE + f"alive {pid}").exit_code != 0, 10)
         assert gone, f"child {pid} survived the timeout"
@@ -390,12 +399,13 @@ class BackgroundConformance(EnvironmentFixture):
         environment.execute(f"kill {pid}")
 
     def test_server_with_redirected_output(self, environment: BaseEnvironment) -> None:
+        log = _scratch("srv.log")
         r = environment.execute(
-            "(for i in 1 2 3; do echo tick $i; sleep 0.1; done; exec sleep 300) >/tmp/hermes_t_srv.log 2>&1 & echo $!"
+            f"(for i in 1 2 3; do echo tick $i; sleep 0.1; done; exec sleep 300) >{log} 2>&1 & echo $!"
         )
         pid = r.output.strip()
         assert pid.isdigit() and r.duration_s < 0.5 + self.timing_slack / 4
-        assert wait_until(lambda: "tick 3" in environment.execute("cat /tmp/hermes_t_srv.log").output, 10)
+        assert wait_until(lambda: "tick 3" in environment.execute(f"cat {log}").output, 10)
         environment.execute(f"kill {pid}")
 
 

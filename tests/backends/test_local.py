@@ -166,3 +166,16 @@ def test_unknown_option_rejected():
 
     with pytest.raises(ValidationError, match="imagee"):
         LocalConfig(imagee="x")
+
+
+def test_configured_cwd_missing_is_126_then_recovers():
+    with LocalEnvironment(cwd="/no/such/hermes/start") as env:
+        r = env.execute("pwd")
+        assert r.exit_code == 126 and "/no/such/hermes/start" in r.output
+        assert any("reset" in n for n in r.notes)
+        assert env.execute("echo ok").output == "ok\n"
+
+
+def test_configured_cwd_is_the_start_directory(tmp_path):
+    with LocalEnvironment(cwd=str(tmp_path)) as env:
+        assert env.execute("pwd").output == f"{tmp_path}\n"

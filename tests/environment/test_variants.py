@@ -65,8 +65,10 @@ class ThreadedLocal(LocalEnvironment):
 
         try:
             with open(wrapped.pidfile) as f:
-                pid = int(f.read())
-        except (OSError, ValueError):
+                pid = wrapped.pid_from(f.read())
+        except OSError:
+            pid = None
+        if pid is None:
             handle.kill()
             return
         subprocess.run(["bash", "-c", kill_tree_script(pid, "TERM" if graceful else "KILL")], check=False)
@@ -161,3 +163,28 @@ def test_signal_sent_by_timeout_reaches_trapping_tree(tmp_path):
     assert r.timed_out
     assert log.read_text() == "cleaned\n"
     assert signal.SIGTERM  # the graceful signal is the one the trap saw
+
+
+def test_signal_death_reports_128_plus_n():
+    with LocalEnvironment() as env:
+        assert env.execute("kill -TERM $$").exit_code == 143
+        assert env.execute("kill -KILL $$").exit_code == 137
+        assert env.execute("echo alive").output == "alive\n"
+
+
+def test_tilde_cwd_expands_to_target_home(tmp_path):
+    home = tmp_path / "h"
+    (home / "sub").mkdir(parents=True)
+    with LocalEnvironment(env={"HOME": str(home)}, cwd="~") as env:
+        assert env.execute("pwd").output == f"{home}\n"
+        assert env.execute("pwd", cwd="~/sub").output == f"{home}/sub\n"
+
+
+def test_pidfile_of_an_earlier_command_is_not_trusted():
+    with ThreadedLocal() as env:
+        env.execute("true")
+        w = env.session.wrap("true", record_pid=True)
+        env.session.release(w)
+        assert w.pid_from(f"123 {w.nonce}") == 123
+        assert w.pid_from("123 someothernonce") is None
+        assert w.pid_from("123") is None
