@@ -8,6 +8,7 @@ from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS
 from .engine import FORCE_ENV, PushResult, RetryPolicy, SyncEngine, SyncProgress
 from .filters import DEFAULT_EXCLUDES, PathFilter
 from .mapping import SyncMapping
+from .paramiko_runner import ParamikoRunner  # imports paramiko only when called
 from .pull import CONFLICT_MARKER, PullResult, SyncConflict
 from .transport import (
     CommandFailedError,
@@ -30,6 +31,7 @@ __all__ = [
     "FORCE_ENV",
     "FileSyncTransport",
     "LocalDirTransport",
+    "ParamikoRunner",
     "PathFilter",
     "PullResult",
     "PushResult",

@@ -34,7 +34,13 @@ FORCE_ENV = "HERMES_ENV_FORCE_SYNC"
 
 @dataclass(frozen=True)
 class SyncProgress:
-    """How far a push (or the apply step of a pull) has got."""
+    """How far a push (or the apply step of a pull) has got.
+
+    For a push, bytes count file content (not tar overhead) and advance as the
+    transport takes the stream, so the callback may run on the transport's
+    feeding thread; after a retry the counts start again. For a pull, only
+    files are counted (actions applied to the host).
+    """
 
     phase: str  # "push" or "pull"
     files_done: int

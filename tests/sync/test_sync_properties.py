@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hermes_env_core.errors import SyncError, UnsafeArchiveError
 from hermes_env_core.sync import LocalDirTransport, PathFilter, SyncEngine, SyncMapping
-from hermes_env_core.sync.archive import check_symlink, member_path
+from hermes_env_core.sync.archive import check_symlink, gnu_header, member_path
 from hermes_env_core.sync.filters import scan_tree, translate_glob
 from tests.sync._helpers import RecordingTransport, member, tar_bytes
 
@@ -122,6 +122,7 @@ def test_symlink_target_check_matches_lexical_resolution(rel: str, target: str) 
     inside = bool(target) and not target.startswith("/")
     if inside:
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel) or ".", target))
+        inside = resolved != rel  # a link to itself is refused too
         # Walk it as the check does: '..' past the root escapes even if it comes back.
         depth = len(rel.split("/")) - 1
         for comp in target.split("/"):
@@ -182,7 +183,32 @@ def test_pull_of_any_archive_stays_inside_the_tree(members) -> None:
             pass  # e.g. a duplicate path of another type; never a write outside
         assert os.listdir(outside) == []
         for dirpath, dirnames, filenames in os.walk(host):
+            assert _inside(host, dirpath), dirpath  # nothing was written through a link
             for n in dirnames + filenames:
                 p = os.path.join(dirpath, n)
-                assert _inside(host, p), (p, os.path.realpath(p))
-                assert not os.path.exists(p) or os.path.islink(p) or os.path.isdir(p) or os.path.isfile(p)
+                if os.path.islink(p):
+                    target = os.readlink(p)
+                    rel = os.path.relpath(p, host)
+                    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+                    assert not target.startswith("/") and resolved != rel, (rel, target)
+                    assert resolved != ".." and not resolved.startswith("../"), (rel, target)
+                else:
+                    assert os.path.isdir(p) or os.path.isfile(p), p  # no fifo, no device
+
+
+# -- push headers ------------------------------------------------------------------
+
+
+@given(
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"), min_size=1, max_size=120),
+    st.integers(0, 0o777),
+    st.integers(0, 2**40),
+    st.integers(0, 2**35),
+    st.sampled_from([tarfile.REGTYPE, tarfile.SYMTYPE]),
+    st.text(st.sampled_from("ab/.ü"), max_size=110),
+)
+def test_fast_header_is_what_tarfile_writes(name, mode, size, mtime, typeflag, link) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.mode, ti.size, ti.mtime, ti.type, ti.linkname = mode, size, mtime, typeflag, link
+    want = ti.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    assert gnu_header(name, mode, size, mtime, typeflag, link.encode()) == want

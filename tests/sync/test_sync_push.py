@@ -204,7 +204,8 @@ def test_transient_errors_give_up_after_the_attempts(host: Path, transport, make
 def test_rate_limit_and_force(host: Path, transport, make_engine, clock, monkeypatch) -> None:
     monkeypatch.delenv(FORCE_ENV, raising=False)
     write(host / "a.txt")
-    engine = make_engine(interval=5.0)
+    engine = make_engine()
+    assert engine.interval == 5.0  # the default
     assert not engine.push().skipped
     write(host / "b.txt")
     clock.now += 4.9

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hermes_env_core.errors import UnsafeArchiveError
-from hermes_env_core.sync import CommandTransport, SyncEngine, SyncMapping
+from hermes_env_core.sync import CommandFailedError, CommandTransport, SyncEngine, SyncMapping
 from hermes_env_core.sync.paramiko_runner import ParamikoRunner
 from tests.sync._helpers import bump, snapshot, write
 
@@ -177,3 +177,18 @@ def test_pull_survives_a_killed_session(private_sshd_server, tmp_path: Path) -> 
         sh(runner, f"rm -rf {remote_dir}")
         for c in clients:
             c.close()
+
+
+def test_a_failing_remote_command_is_reported_not_retried(runner, remote_dir: str, tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    for i in range(200):
+        write(host / f"f{i}.txt", "x" * 2000)
+    sh(runner, f"mkdir -p {os.path.dirname(remote_dir)} && echo file > {remote_dir}")  # a file where the tree goes
+    delays: list[float] = []
+    engine = SyncEngine(CommandTransport(runner, stream_stdin=True), [SyncMapping(host, remote_dir + "/proj")],
+                        lock_dir=str(tmp_path / "locks"), sleep=delays.append)
+    with pytest.raises(CommandFailedError, match="Not a directory|File exists") as info:
+        engine.push()
+    assert info.value.exit_code != 0 and delays == []
+    sh(runner, f"rm -f {remote_dir}")
+    assert len(engine.push().uploaded) == 200  # everything is retried
