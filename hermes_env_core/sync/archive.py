@@ -7,6 +7,7 @@ in a temporary spool outside the host tree; the engine applies them later.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import os
@@ -200,16 +201,31 @@ class PushArchive:
 
 class StreamReader(io.RawIOBase):
     """Reads a ``PushArchive`` from the start, waiting for the writer when it
-    catches up, and reports (content bytes, files) as the transport reads."""
+    catches up, and reports (content bytes, files) as the transport reads.
+    Seekable once the archive is complete."""
 
     def __init__(self, archive: PushArchive, report: Callable[[int, int], None] | None = None) -> None:
         self._a = archive
         self._report = report
         self.pos = 0
+        self.high = 0  # furthest offset read: the transport must reach the end
         self._files = 0
 
     def readable(self) -> bool:
         return True
+
+    def seekable(self) -> bool:
+        return self._a.done and self._a.error is None
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if not self.seekable():
+            raise io.UnsupportedOperation("the push archive is still being written")
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self._a.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
 
     def read(self, n: int = -1) -> bytes:  # type: ignore[override]
         if n is None or n < 0:
@@ -229,13 +245,11 @@ class StreamReader(io.RawIOBase):
             data = a.file.read(min(n, avail))
             marks = a.marks
         self.pos += len(data)
-        if self._report is not None:
-            files = self._files
-            while files < len(marks) and marks[files][0] <= self.pos:
-                files += 1
-            if files != self._files or data:
-                self._files = files
-                self._report(marks[files - 1][1] if files else 0, files)
+        self.high = max(self.high, self.pos)
+        if self._report is not None and data:
+            files = bisect.bisect_right(marks, self.pos, key=lambda m: m[0])
+            self._files = files
+            self._report(marks[files - 1][1] if files else 0, files)
         return data
 
     def readinto(self, b) -> int:  # type: ignore[no-untyped-def]

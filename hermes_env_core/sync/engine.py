@@ -280,10 +280,12 @@ class SyncEngine:
             assert report is not None
             report(SyncProgress("push", base_files + files, files_total, base_bytes + content, bytes_total))
 
+        streams = getattr(self.transport, "streams_upload", False)
+
         def send() -> None:
             attempts[0] += 1
             with arch.cond:
-                if attempts[0] > 1:  # a retry sends the finished archive
+                if attempts[0] > 1 or not streams:  # a retry sends the finished archive
                     arch.cond.wait_for(lambda: arch.done)
                 size = arch.size if arch.done else None
             if arch.error is not None:
@@ -295,9 +297,9 @@ class SyncEngine:
                 arch.cond.wait_for(lambda: arch.done)
             if arch.error is not None:
                 raise arch.error
-            if reader.pos != arch.size:
+            if reader.high != arch.size:
                 raise TransportError(
-                    f"the transport returned after sending {reader.pos} of the {arch.size} bytes of the push archive"
+                    f"the transport returned after sending {reader.high} of the {arch.size} bytes of the push archive"
                 )
 
         self._with_retry(f"uploading {files_total} files to {anchor!r}", send)

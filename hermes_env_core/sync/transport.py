@@ -77,15 +77,19 @@ class FileSyncTransport(Protocol):
     every tar stream are relative to it. Raise ``TransportError`` (with
     ``transient=True`` for connection trouble) or ``OSError``; nothing else
     should escape for an ordinary failure.
+
+    A transport may set ``streams_upload = True`` to be handed the push
+    archive while it is still being written (``size`` None, ``read()`` blocks
+    for more); otherwise ``upload`` gets the finished, seekable archive.
     """
 
     def upload(self, remote_root: str, archive: BinaryIO, size: int | None) -> None:
         """Extract the uncompressed tar stream ``archive`` under ``remote_root``,
         creating it, in ONE operation (one channel, one exec). ``size`` is the
-        stream's length, or None while the engine is still writing it (then
-        ``read()`` waits for more; ``read(-1)`` returns all of it). Read the
-        stream to EOF before returning. Existing files are replaced; modes and
-        mtimes come from the archive."""
+        stream's length, or None when ``streams_upload`` is set and the engine
+        is still writing it (``read()`` then waits for more; ``read(-1)``
+        returns all of it). Read the stream to its end before returning.
+        Existing files are replaced; modes and mtimes come from the archive."""
         ...
 
     def delete(self, remote_root: str, files: Sequence[str], dirs: Sequence[str] = ()) -> None:
@@ -142,6 +146,8 @@ class CommandTransport:
         self._run = run
         self._stream = stream_stdin
         self._tar = tar
+        #: a streaming runner takes the archive while the engine still writes it
+        self.streams_upload = stream_stdin
 
     def upload(self, remote_root: str, archive: BinaryIO, size: int | None) -> None:
         root = _q(remote_root or ".")
@@ -332,6 +338,7 @@ class LocalDirTransport:
     def __init__(self, base: str | os.PathLike[str]) -> None:
         self.base = Path(base)
         self._commands = CommandTransport(SubprocessRunner(("sh", "-c"), cwd=self.base), stream_stdin=True)
+        self.streams_upload = True
 
     def path(self, remote: str) -> Path:
         """Where the remote path ``remote`` lives on this machine."""

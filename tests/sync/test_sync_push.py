@@ -354,3 +354,59 @@ def test_a_file_that_shrinks_mid_push_fails_it_and_is_retried(host: Path, remote
     result = engine.push()
     assert sorted(result.uploaded) == ["/work/proj/big.bin", "/work/proj/small.txt"]
     assert (remote / "big.bin").read_bytes() == big.read_bytes()
+
+
+def test_a_non_streaming_transport_gets_the_finished_seekable_archive(host: Path, remote_base: Path, make_engine) -> None:
+    from hermes_env_core.sync import LocalDirTransport
+
+    seen = []
+
+    class Sdk(LocalDirTransport):
+        def upload(self, remote_root, archive, size):
+            assert archive.seekable()
+            archive.seek(0, os.SEEK_END)
+            seen.append((size, archive.tell()))
+            archive.seek(0)
+            super().upload(remote_root, archive, size)
+
+    sdk = Sdk(remote_base)
+    sdk.streams_upload = False  # like an SDK call that wants a length up front
+    for i in range(50):
+        write(host / f"f{i}.txt", f"{i}" * 500)
+    engine = make_engine(transport=sdk)
+    result = engine.push()
+    assert seen == [(result.bytes_sent, result.bytes_sent)]
+    assert len(result.uploaded) == 50 and (remote_base / "work/proj/f7.txt").read_text() == "7" * 500
+
+
+def test_a_streaming_transport_starts_before_the_archive_is_finished(host: Path, remote: Path, remote_base: Path,
+                                                                    make_engine, monkeypatch) -> None:
+    import threading
+
+    from hermes_env_core.sync import LocalDirTransport
+    from hermes_env_core.sync.archive import PushArchive
+
+    started = threading.Event()
+    real = PushArchive.read
+    reads = [0]
+
+    def read(path, st):
+        reads[0] += 1
+        if reads[0] == 2:  # the second file waits until the upload has begun
+            assert started.wait(10)
+        return real(path, st)
+
+    monkeypatch.setattr(PushArchive, "read", staticmethod(read))
+    sizes = []
+
+    class Recording(LocalDirTransport):
+        def upload(self, remote_root, archive, size):
+            sizes.append(size)
+            started.set()
+            super().upload(remote_root, archive, size)
+
+    for i in range(20):
+        write(host / f"f{i}.txt", str(i))
+    result = make_engine(transport=Recording(remote_base)).push()
+    assert sizes == [None] and len(result.uploaded) == 20
+    assert sorted(os.listdir(remote)) == sorted(f"f{i}.txt" for i in range(20))
