@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hermes_env_core.sync import CommandTransport, SyncEngine, SyncMapping  # noqa: E402
-from hermes_env_core.sync.paramiko_runner import ParamikoRunner  # noqa: E402
-from tests.support.sshd import SshServer  # noqa: E402
+from hermes_env_core.sync import CommandTransport, SyncEngine, SyncMapping
+from hermes_env_core.sync.paramiko_runner import ParamikoRunner
+from tests.support.sshd import SshServer
 
 
 def make_tree(root: Path, files: int) -> list[str]:

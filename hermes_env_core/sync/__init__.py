@@ -22,13 +22,13 @@ from .transport import (
 
 __all__ = [
     "CONFLICT_MARKER",
-    "CommandFailedError",
-    "CommandRunner",
-    "CommandTransport",
     "DEFAULT_EXCLUDES",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_MEMBERS",
     "FORCE_ENV",
+    "CommandFailedError",
+    "CommandRunner",
+    "CommandTransport",
     "FileSyncTransport",
     "LocalDirTransport",
     "ParamikoRunner",

@@ -14,9 +14,9 @@ import os
 import tarfile
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from ..errors import SyncError, UnsafeArchiveError
 from .filters import Stat

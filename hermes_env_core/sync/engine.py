@@ -216,14 +216,14 @@ class SyncEngine:
                 ordered = sorted(dirs, key=lambda d: (-d.count("/"), d))
                 self._trace("push-delete", f"{anchor}: {len(files)} files")
                 self._with_retry(f"deleting {len(files)} files under {anchor!r}",
-                                 lambda: self.transport.delete(anchor, files, ordered))
+                                 lambda a=anchor, f=files, d=ordered: self.transport.delete(a, f, d))
             producer.start()
             done_files = done_bytes = 0
             for anchor, arch in archives.items():
                 if arch.wait_started():
                     self._upload(anchor, arch, report, done_files, done_bytes, files_total, bytes_total)
                 with arch.cond:
-                    arch.cond.wait_for(lambda: arch.done)
+                    arch.cond.wait_for(lambda a=arch: a.done)
                 if arch.error is not None:
                     raise arch.error
                 done_files += arch.members
@@ -363,7 +363,7 @@ class SyncEngine:
 class _Commit:
     """What one push will record for one mapping, once the transfer succeeded."""
 
-    __slots__ = ("state", "stats", "hashes", "gone", "uploaded", "unreadable")
+    __slots__ = ("gone", "hashes", "state", "stats", "unreadable", "uploaded")
 
     def __init__(self, state: MappingState) -> None:
         self.state = state

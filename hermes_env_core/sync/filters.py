@@ -129,7 +129,7 @@ class PathFilter:
     empty include list selects every file.
     """
 
-    __slots__ = ("include", "exclude", "_ex_literal", "_ex_name", "_ex_path", "_in_name", "_in_path", "_in_literal")
+    __slots__ = ("_ex_literal", "_ex_name", "_ex_path", "_in_literal", "_in_name", "_in_path", "exclude", "include")
 
     def __init__(self, include: Iterable[str] = (), exclude: Iterable[str] = DEFAULT_EXCLUDES) -> None:
         self.include = tuple(include)

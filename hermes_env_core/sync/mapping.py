@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .filters import DEFAULT_EXCLUDES, PathFilter, Stat, scan_tree
 
-__all__ = ["SyncMapping", "MappingState"]
+__all__ = ["MappingState", "SyncMapping"]
 
 _S_IFMT = 0o170000
 

@@ -28,12 +28,18 @@ import posixpath
 import secrets
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import SyncError, UnsafeArchiveError
-from .archive import RemoteEntry, RemoteTree, check_symlink, file_digest, link_digest, read_archive
+from .archive import (
+    RemoteEntry,
+    RemoteTree,
+    check_symlink,
+    file_digest,
+    link_digest,
+    read_archive,
+)
 from .filters import Stat
 from .guard import TreeLock, defer_sigint
 from .mapping import MappingState

@@ -163,15 +163,18 @@ class CommandTransport:
             _drain(self._run(f"{head}; exec xargs -0 rm -f --", payload))
         batch: list[str] = []
         used = 0
-        for d in list(dirs) + [None]:  # type: ignore[list-item]
-            if d is not None:
-                quoted = _q(d)
-                batch.append(quoted)
-                used += len(quoted) + 1
-            if batch and (d is None or used > _ARGV_BUDGET):
-                # rmdir refuses non-empty directories: files the target added stay.
-                _drain(self._run(f"{head}; rmdir -- {' '.join(batch)} 2>/dev/null; exit 0", None))
+        for d in dirs:
+            batch.append(_q(d))
+            used += len(batch[-1]) + 1
+            if used > _ARGV_BUDGET:
+                self._rmdir(head, batch)
                 batch, used = [], 0
+        if batch:
+            self._rmdir(head, batch)
+
+    def _rmdir(self, head: str, quoted: list[str]) -> None:
+        # rmdir refuses non-empty directories: files the target added stay.
+        _drain(self._run(f"{head}; rmdir -- {' '.join(quoted)} 2>/dev/null; exit 0", None))
 
     def download(self, remote_root: str, subpath: str | None = None, exclude: Sequence[str] = ()) -> BinaryIO | None:
         root = _q(remote_root or ".")

@@ -9,11 +9,11 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:  # `pytest` run without `python -m`: make tests.support importable
     sys.path.insert(0, _ROOT)
 
-import pytest  # noqa: E402
+import pytest
 
-from hermes_env_core.sync import LocalDirTransport, SyncEngine, SyncMapping  # noqa: E402
-from tests.support.ssh_fixtures import private_sshd_server, sshd_server  # noqa: E402,F401 - fixtures
-from tests.sync._helpers import FakeClock, RecordingTransport  # noqa: E402
+from hermes_env_core.sync import LocalDirTransport, SyncEngine, SyncMapping
+from tests.support.ssh_fixtures import private_sshd_server, sshd_server  # noqa: F401 - fixtures
+from tests.sync._helpers import FakeClock, RecordingTransport
 
 
 @pytest.fixture

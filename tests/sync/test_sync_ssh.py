@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from hermes_env_core.errors import UnsafeArchiveError
-from hermes_env_core.sync import CommandFailedError, CommandTransport, SyncEngine, SyncMapping
+from hermes_env_core.sync import (
+    CommandFailedError,
+    CommandTransport,
+    SyncEngine,
+    SyncMapping,
+)
 from hermes_env_core.sync.paramiko_runner import ParamikoRunner
 from tests.sync._helpers import bump, snapshot, write
 
