@@ -161,14 +161,18 @@ class PushArchive:
                     raise SyncError(f"reading {path} failed mid-push: {exc}") from exc
 
     def _append(self, header: bytes, data: bytes, content: int, *, last: bool = True) -> None:
+        pad = b""
+        if last:
+            pad = tarfile.NUL * (-(self._pos + len(header) + len(data)) % tarfile.BLOCKSIZE)
+        block = header + data + pad if len(data) < _CHUNK else None
         with self.cond:
             f = self.file
             f.seek(0, os.SEEK_END)
-            pos = self._pos + f.write(header) + f.write(data)
+            if block is not None:
+                pos = self._pos + f.write(block)
+            else:
+                pos = self._pos + f.write(header) + f.write(data) + f.write(pad)
             if last:
-                pad = -pos % tarfile.BLOCKSIZE
-                if pad:
-                    pos += f.write(tarfile.NUL * pad)
                 self._content += content
                 self.marks.append((pos, self._content))
             self._pos = pos
