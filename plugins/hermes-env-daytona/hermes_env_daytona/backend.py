@@ -1,0 +1,533 @@
+"""The Daytona backend: every command is a fresh bash run by the SDK's
+``process.exec`` in one sandbox per task id, created or resumed by name.
+
+The daytona SDK is imported when an environment is created, never before.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import os
+import re
+import secrets
+import shlex
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hermes_env_core.environment.base import BaseEnvironment
+from hermes_env_core.environment.handles import ProcessHandle, ThreadedProcessHandle, Writer
+from hermes_env_core.environment.result import ExecResult
+from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
+from hermes_env_core.errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError
+
+from . import _sdk
+from ._commands import ARG_LIMIT, LiveReader, bash_line, file_script, live_prefix, nonce_of, relay_prefix
+from .config import DaytonaConfig
+
+if TYPE_CHECKING:
+    from hermes_env_core.sync import PullResult, PushResult, SyncEngine
+
+__all__ = ["DaytonaEnvironment"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds added to the SDK's exec timeout over ours: the base class ends the
+#: command itself, and the SDK's own timeout (a 408 without output) must not win.
+_EXEC_MARGIN_S = 15
+_AUX_TIMEOUT_S = 30  # kill, pid and output-polling commands
+_TASK_LABEL = "hermes-env-task"
+_NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class _Handle(ThreadedProcessHandle):
+    """Raises our own (already explained) errors as they are, others as the base does."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise TimeoutError("command still running")
+        if isinstance(self.error, EnvironmentUnavailable) and not self.killed:
+            raise self.error
+        return super().wait(0)
+
+
+class DaytonaEnvironment(BaseEnvironment):
+    """Runs commands in a Daytona sandbox named after the task id.
+
+    An existing sandbox of that name is resumed (started when stopped or
+    archived), otherwise one is created on first use; one found stopped
+    between commands is started again. ``cleanup()`` stops it when
+    ``persistent`` (the default), else deletes it.
+    """
+
+    name = "daytona"
+    stdin_mode = "heredoc"
+    records_pid = True
+    config_model = DaytonaConfig
+
+    def __init__(self, config: DaytonaConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        cfg: DaytonaConfig = self.config  # type: ignore[assignment]
+        self._cfg = cfg
+        self._sdk = _sdk.sdk()
+        self._api_url = cfg.api_url or os.environ.get("DAYTONA_API_URL") or "https://app.daytona.io/api"
+        self._client = self._make_client()
+        self.sandbox_name = cfg.sandbox_name or _safe_name(f"hermes-{self.task_id}")
+        self._sandbox: Any = None
+        self._ready_lock = threading.Lock()
+        self._home: str | None = None
+        self._home_of: str | None = None
+        self._live = threading.local()
+        self._pids: dict[str, int] = {}
+        self._shells: dict[str, bool] = {}
+        self._resources = self._capped_resources()
+        self._sync: SyncEngine | None = None
+        self._push_lock = threading.Lock()
+        if cfg.sync:
+            from hermes_env_core.sync import SyncEngine, SyncMapping
+
+            from .transport import DaytonaSyncTransport
+
+            mappings = [
+                SyncMapping(host=m.host, remote=m.remote, include=m.include, exclude=m.exclude, upload_only=m.upload_only)
+                for m in cfg.sync
+            ]
+            self._sync = SyncEngine(DaytonaSyncTransport(self), mappings, interval=cfg.sync_interval)
+
+    # -- requirements and the client -----------------------------------------------
+    @classmethod
+    def check_requirements(cls) -> list[str]:
+        """What is missing to create a Daytona environment here (no network calls)."""
+        problems: list[str] = []
+        try:
+            version = importlib.metadata.version("daytona")
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"the daytona SDK is not installed: pip install '{_sdk.SDK_REQUIREMENT}'")
+        else:
+            if not version.startswith("0.226."):
+                problems.append(f"daytona {version} is installed; this backend is tested with {_sdk.SDK_REQUIREMENT}")
+        env = os.environ
+        if not (
+            env.get("DAYTONA_API_KEY")
+            or env.get("TERMINAL_API_KEY")
+            or (env.get("DAYTONA_JWT_TOKEN") and env.get("DAYTONA_ORGANIZATION_ID"))
+        ):
+            problems.append(
+                "no Daytona credentials: set DAYTONA_API_KEY (or api_key in [terminal.daytona] of the config file)"
+            )
+        return problems
+
+    def _make_client(self) -> Any:
+        cfg, sdk = self._cfg, self._sdk
+        key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
+        try:
+            # api_url is always passed: the SDK's fallback to its deprecated server_url warns.
+            return sdk.Daytona(sdk.DaytonaConfig(api_key=key, api_url=self._api_url, target=cfg.target))
+        except sdk.DaytonaAuthenticationError as exc:
+            raise EnvironmentUnavailable(
+                "daytona: no credentials: set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID), "
+                "or pass api_key (TERMINAL_API_KEY, or api_key in [terminal.daytona])"
+            ) from exc
+        except sdk.DaytonaError as exc:
+            raise self._error(exc, "creating the Daytona client") from exc
+
+    def _error(self, exc: BaseException, what: str, cls: type[EnvironmentUnavailable] = EnvironmentUnavailable):
+        return _sdk.to_unavailable(exc, what, api_url=self._api_url, cls=cls)
+
+    def _capped_resources(self) -> tuple[int | None, int | None, int | None]:
+        cfg = self._cfg
+        out = []
+        for what, value, cap, unit in (
+            ("cpu", cfg.cpu, cfg.max_cpu, ""),
+            ("memory", cfg.memory, cfg.max_memory, " GiB"),
+            ("disk", cfg.disk, cfg.max_disk, " GiB"),
+        ):
+            if value is not None and value > cap:
+                self._note(f"{what} {value}{unit} is over the per-sandbox limit; using {cap}{unit} (max_{what})")
+                value = cap
+            out.append(value)
+        return out[0], out[1], out[2]
+
+    # -- the sandbox ----------------------------------------------------------------
+    @property
+    def sandbox(self) -> Any:
+        """The SDK's ``Sandbox``, created or resumed on first use."""
+        return self._ready()
+
+    def _ready(self) -> Any:
+        sb = self._sandbox
+        # Sandbox.state follows the SDK's pushed state events, so this costs no request.
+        if sb is not None and _sdk.state_of(sb) == "started":
+            return sb
+        with self._ready_lock:
+            if self.closed:
+                raise EnvironmentClosedError(f"daytona environment {self.task_id!r} is closed")
+            sb = self._sandbox
+            if sb is not None:
+                sb = self._refresh(sb)
+            if sb is None:
+                sb = self._acquire()
+            else:
+                sb = self._bring_up(sb, resumed=False)
+            self._sandbox = sb
+            return sb
+
+    def _lifecycle(self, what: str, fn):  # type: ignore[no-untyped-def]
+        try:
+            return _sdk.call_with_rate_limit(fn)
+        except self._sdk.DaytonaError as exc:
+            raise self._error(exc, what) from exc
+
+    def _refresh(self, sb: Any) -> Any:
+        """``sb`` with a fresh state, or None when it no longer exists."""
+        try:
+            _sdk.call_with_rate_limit(sb.refresh_data)
+        except self._sdk.DaytonaNotFoundError:
+            self._note(f"sandbox {self.sandbox_name} was deleted; created a new one (session state restored)")
+            self._lost_files()
+            return None
+        except self._sdk.DaytonaError as exc:
+            raise self._error(exc, f"reading the state of sandbox {self.sandbox_name}") from exc
+        return sb
+
+    def _acquire(self) -> Any:
+        """The sandbox of this name: resumed if it exists, else created."""
+        try:
+            sb = _sdk.call_with_rate_limit(lambda: self._client.get(self.sandbox_name))
+        except self._sdk.DaytonaNotFoundError:
+            sb = None
+        except self._sdk.DaytonaError as exc:
+            raise self._error(exc, f"looking up sandbox {self.sandbox_name}") from exc
+        if sb is not None and _sdk.state_of(sb) not in _sdk.GONE:
+            sb = self._bring_up(sb, resumed=True)
+            self._apply_auto_stop(sb)
+            return sb
+        return self._create()
+
+    def _create(self) -> Any:
+        cfg, sdk = self._cfg, self._sdk
+        labels = {**cfg.labels, _TASK_LABEL: _safe_name(self.task_id)}
+        common: dict[str, Any] = {"name": self.sandbox_name, "labels": labels}
+        if cfg.auto_stop_interval is not None:
+            common["auto_stop_interval"] = cfg.auto_stop_interval
+        if cfg.image:
+            cpu, memory, disk = self._resources
+            resources = None
+            if any(v is not None for v in (cpu, memory, disk)):
+                resources = sdk.Resources(cpu=cpu, memory=memory, disk=disk)
+            params = sdk.CreateSandboxFromImageParams(image=cfg.image, resources=resources, **common)
+        else:
+            params = sdk.CreateSandboxFromSnapshotParams(snapshot=cfg.snapshot, **common)
+        what = f"creating sandbox {self.sandbox_name}"
+        try:
+            return _sdk.call_with_rate_limit(lambda: self._client.create(params, timeout=cfg.create_timeout))
+        except sdk.DaytonaConflictError:
+            # Created by someone else meanwhile (another process with this task id): use it.
+            sb = self._lifecycle(f"looking up sandbox {self.sandbox_name}", lambda: self._client.get(self.sandbox_name))
+            return self._bring_up(sb, resumed=True)
+        except sdk.DaytonaError as exc:
+            if getattr(exc, "status_code", None) is None:
+                self._raise_if_broken(what)
+            raise self._error(exc, what) from exc
+
+    def _raise_if_broken(self, what: str) -> None:
+        """After a failed create: if the sandbox exists in an error state, say so."""
+        try:
+            sb = self._client.get(self.sandbox_name)
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            return
+        if _sdk.state_of(sb) in _sdk.BROKEN:
+            raise self._broken(sb, what)
+
+    def _broken(self, sb: Any, what: str) -> EnvironmentUnavailable:
+        reason = getattr(sb, "error_reason", None) or "no reason given"
+        return EnvironmentUnavailable(
+            f"daytona: {what}: sandbox {self.sandbox_name} ({sb.id}) is in state {_sdk.state_of(sb)}: {reason}; "
+            "delete it (in the Daytona dashboard or with the SDK) or use another task id or sandbox_name"
+        )
+
+    def _bring_up(self, sb: Any, *, resumed: bool) -> Any:
+        """Wait for, start or recover ``sb`` until it runs; None if it is gone."""
+        timeout = self._cfg.start_timeout
+        state = _sdk.state_of(sb)
+        what = f"{'resuming' if resumed else 'starting'} sandbox {self.sandbox_name}"
+        if state == "started":
+            if resumed:
+                self._note(f"resumed running sandbox {self.sandbox_name}")
+            return sb
+        if state in _sdk.GOING_DOWN:
+            self._lifecycle(what, lambda: sb.wait_for_sandbox_stop(timeout=timeout))
+            state = _sdk.state_of(sb)
+        if state in _sdk.RESUMABLE:
+            self._lifecycle(what, lambda: sb.start(timeout=timeout))
+            self._note(f"{'resumed' if resumed else 'restarted'} {state} sandbox {self.sandbox_name}")
+        elif state in _sdk.COMING_UP:
+            self._lifecycle(what, lambda: sb.wait_for_sandbox_start(timeout=timeout))
+        elif state in _sdk.BROKEN:
+            if not getattr(sb, "recoverable", False):
+                raise self._broken(sb, what)
+            self._lifecycle(f"recovering sandbox {self.sandbox_name}", lambda: sb.recover(timeout=timeout))
+            self._note(f"recovered sandbox {self.sandbox_name} from state {state}")
+        elif state in _sdk.GONE:
+            return self._create()
+        else:
+            raise EnvironmentUnavailable(f"daytona: {what}: sandbox {self.sandbox_name} is in unknown state {state!r}")
+        if _sdk.state_of(sb) != "started":
+            raise EnvironmentUnavailable(
+                f"daytona: {what}: sandbox {self.sandbox_name} is {_sdk.state_of(sb)}, not started"
+            )
+        return sb
+
+    def _apply_auto_stop(self, sb: Any) -> None:
+        want = self._cfg.auto_stop_interval
+        if want is not None and getattr(sb, "auto_stop_interval", None) != want:
+            self._lifecycle("setting the auto-stop interval", lambda: sb.set_autostop_interval(want))
+
+    def _lost_files(self) -> None:
+        self._home = None
+        if self._sync is not None:
+            self._sync.reset()
+
+    def home(self) -> str:
+        """The sandbox user's home directory (relative sync paths start there)."""
+        sb = self._ready()
+        if self._home is None or self._home_of != sb.id:
+            self._home = self._lifecycle("asking for the home directory", sb.get_user_home_dir)
+            self._home_of = sb.id
+        assert self._home is not None
+        return self._home
+
+    # -- running commands ------------------------------------------------------------
+    def _exec(self, command: str, *, timeout: int | None = _AUX_TIMEOUT_S, what: str = "running a command") -> Any:
+        """``process.exec(command)`` in the sandbox, starting it again if it was stopped.
+
+        A call that failed because the sandbox was not running (stopped,
+        archived, deleted behind our back) is retried once after bringing it
+        back; the command cannot have run. Errors are ``BackendError``.
+        """
+        sdk = self._sdk
+        for attempt in (1, 2):
+            sb = self._ready()
+            try:
+                return sb.process.exec(command, env=self._cfg.env or None, timeout=timeout)
+            except sdk.DaytonaProcessExecutionTimeoutError as exc:
+                raise BackendError(
+                    f"daytona: {what}: the sandbox's daemon ended the command at its own time limit "
+                    f"(asked for {timeout}s) before hermes-env's timeout did; its output is lost"
+                ) from exc
+            except sdk.DaytonaError as exc:
+                if attempt == 1 and self._revived_after(sb, exc):
+                    continue
+                raise self._error(exc, what, BackendError) from exc
+        raise AssertionError("unreachable")
+
+    def _revived_after(self, sb: Any, exc: BaseException) -> bool:
+        """Whether ``sb`` had stopped or vanished and is running again (so retrying is safe)."""
+        if isinstance(exc, (self._sdk.DaytonaAuthenticationError, self._sdk.DaytonaRateLimitError)):
+            return False
+        with self._ready_lock:
+            if self._sandbox is not sb:
+                return True  # another thread replaced it already
+            fresh = self._refresh(sb)
+            if fresh is not None and _sdk.state_of(fresh) == "started":
+                return False  # it runs: the failure was something else
+            self._sandbox = self._bring_up(fresh, resumed=False) if fresh is not None else self._acquire()
+            return True
+
+    def execute(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        cancel: threading.Event | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> ExecResult:
+        # Only a hint for _run_bash, the flow is the base class's: the SDK returns
+        # output when a command ends, so a caller watching it live gets it from a
+        # file in the sandbox that is polled instead.
+        self._live.on = on_output is not None
+        try:
+            return super().execute(command, cwd=cwd, timeout=timeout, stdin=stdin, cancel=cancel, on_output=on_output)
+        finally:
+            self._live.on = False
+
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        sb = self._ready()  # raise here, not from the handle, when the sandbox cannot run
+        nonce = nonce_of(script)
+        live = bool(getattr(self._live, "on", False))
+        out = f"{self._state_dir()}/.hermes-{_safe_name(self.task_id)}-{nonce or secrets.token_hex(12)}.out"
+        prefix = live_prefix(out) if live else relay_prefix(nonce)
+        command = bash_line(prefix + script, login=login, direct=self._direct(sb))
+        if len(command.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
+            # Too long for one argv string: the script goes up as a file that deletes itself.
+            path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
+            self._upload(file_script(prefix + script), path)
+            command = f"exec bash{' -l' if login else ''} {shlex.quote(path)}"
+        end = None if nonce is None else b"\x1e" + nonce.encode() + b":E\n"
+        sdk_timeout = None if not timeout else math.ceil(timeout) + math.ceil(self.config.kill_grace_s) + _EXEC_MARGIN_S
+        if not live:
+
+            def target(write: Writer) -> int:
+                res = self._exec(command, timeout=sdk_timeout)
+                data = (res.result or "").encode("utf-8", "replace")
+                write(data)
+                return _code(res.exit_code, finished=end is not None and end in data)
+
+            return _Handle(target, name="hermes-daytona-exec")
+
+        def live_target(write: Writer) -> int:
+            reader = LiveReader(lambda s: self.run_script(s, "reading live output").result or "", out, end, write)
+            stop = threading.Event()
+            follower = threading.Thread(target=reader.follow, args=(stop,), name="hermes-daytona-live", daemon=True)
+            follower.start()
+            try:
+                res = self._exec(command, timeout=sdk_timeout)
+            finally:
+                stop.set()
+                follower.join()
+            reader.finish()
+            return _code(res.exit_code, finished=reader.ended)
+
+        return _Handle(live_target, name="hermes-daytona-exec")
+
+    def _direct(self, sb: Any) -> bool:
+        """Whether the sandbox runs commands with a plain (non-login) bash, asked once per sandbox."""
+        known = self._shells.get(sb.id)
+        if known is None:
+            res = self._exec(
+                "printf '%s|%s|%s' \"${BASH_VERSION-}\" \"$-\" \"$(shopt -q login_shell 2>/dev/null && echo L)\"",
+                what="asking which shell runs commands",
+            )
+            version, _, rest = (res.result or "").partition("|")
+            flags, _, login = rest.partition("|")
+            known = bool(version.strip()) and "i" not in flags and not login.strip()
+            self._shells[sb.id] = known
+        return known
+
+    def run_script(self, script: str, what: str, *, timeout: int | None = _AUX_TIMEOUT_S) -> Any:
+        """Run a short bash ``script`` in the sandbox; the SDK's response (``exit_code``, ``result``)."""
+        sb = self._ready()
+        return self._exec(bash_line(script, login=False, direct=self._direct(sb)), timeout=timeout, what=what)
+
+    def _aux(self, script: str, what: str) -> str:
+        """A short helper script's output; BackendError when it cannot run."""
+        return self.run_script(script, what).result or ""
+
+    def _upload(self, data: bytes, path: str) -> None:
+        sb = self._ready()
+        try:
+            sb.fs.upload_file(data, path)
+        except self._sdk.DaytonaError as exc:
+            raise self._error(exc, f"uploading {path}", BackendError) from exc
+
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        # Only the command's own process tree: the sandbox and other commands run on.
+        try:
+            pid = self._pid_of(wrapped)
+            if pid is not None:
+                self._aux(kill_tree_script(pid, "TERM" if graceful else "KILL"), "stopping a command")
+        except HermesEnvError as exc:
+            log.warning("daytona: could not stop the command: %s", exc)
+
+    def _pid_of(self, wrapped: WrappedCommand) -> int | None:
+        pid = self._pids.get(wrapped.nonce)
+        if pid is not None:
+            return pid
+        text = self._aux(
+            f"IFS= read -r l <{shlex.quote(wrapped.pidfile)} 2>/dev/null; printf '%s' \"$l\"",
+            "finding the command's process",
+        )
+        # None while the file still holds an earlier command's pid (same slot), or none yet.
+        pid = wrapped.pid_from(text)
+        if pid is not None:
+            self._pids.clear()  # one entry is enough: commands are stopped one at a time
+            self._pids[wrapped.nonce] = pid
+        return pid
+
+    # -- files --------------------------------------------------------------------
+    @property
+    def sync_engine(self) -> SyncEngine | None:
+        return self._sync
+
+    def _before_execute(self) -> None:
+        self._ready()
+        if self._sync is None:
+            return
+        # A push in progress in another thread is not waited for: commands do not queue behind a sync.
+        if not self._push_lock.acquire(blocking=False):
+            return
+        try:
+            self._sync.push()
+        finally:
+            self._push_lock.release()
+
+    def push_files(self, *, force: bool = True) -> PushResult:
+        """Push the sync mappings now (``force``: ignore the rate limit)."""
+        if self._sync is None:
+            raise HermesEnvError("daytona: no sync mappings are configured (option 'sync')")
+        self._ready()
+        with self._push_lock:
+            return self._sync.push(force=force)
+
+    def pull_files(self) -> PullResult:
+        """Bring the sandbox's changes to the synced paths back to this machine."""
+        if self._sync is None:
+            raise HermesEnvError("daytona: no sync mappings are configured (option 'sync')")
+        self._ready()
+        return self._sync.pull()
+
+    # -- the end ------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        sb, errors = self._sandbox, []
+        if sb is not None and self._sync is not None and self._cfg.pull_on_cleanup:
+            try:
+                self._sync.pull()
+            except HermesEnvError as exc:
+                errors.append(exc)
+                log.warning("daytona: pulling files back from %s failed: %s", self.sandbox_name, exc)
+        if sb is not None and _sdk.state_of(sb) == "started":
+            try:  # the session's files in the sandbox's /tmp: they describe this environment only
+                self.run_script(f"rm -f -- {shlex.quote(f'{self._state_dir()}/.hermes-{self.task_id}-')}*", "tidying up")
+            except HermesEnvError:
+                pass
+        if sb is not None:
+            try:
+                if self._cfg.persistent:
+                    if _sdk.state_of(sb) not in _sdk.RESUMABLE | _sdk.GONE:
+                        _sdk.call_with_rate_limit(lambda: sb.stop(timeout=self._cfg.start_timeout))
+                else:
+                    _sdk.call_with_rate_limit(lambda: sb.delete(timeout=self._cfg.start_timeout))
+            except self._sdk.DaytonaNotFoundError:
+                pass
+            except self._sdk.DaytonaError as exc:
+                verb = "stopping" if self._cfg.persistent else "deleting"
+                errors.append(self._error(exc, f"{verb} sandbox {self.sandbox_name}"))
+        self._sandbox = None
+        # The sync client has no close(); its event connection is the only thing it keeps open.
+        dispatcher = getattr(self._client, "_event_dispatcher", None)
+        try:
+            if dispatcher is not None:
+                dispatcher.disconnect()
+        except Exception as exc:  # noqa: BLE001 - best effort at shutdown
+            log.debug("daytona: closing the SDK's event connection failed: %s", exc)
+        if errors:
+            raise errors[-1]
+
+
+def _safe_name(text: str) -> str:
+    return _NAME_SAFE.sub("-", text).strip("-.") or "sandbox"
+
+
+def _code(code: int | None, *, finished: bool) -> int:
+    """The exit status to report; ``finished``: the wrapper's frame (with the command's own) arrived."""
+    if code is not None:
+        return int(code)
+    if finished:
+        return 0  # the frame's exit code stands
+    raise BackendError("daytona: the sandbox reported no exit code for a command that did not finish normally")
