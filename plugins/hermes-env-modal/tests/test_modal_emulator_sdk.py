@@ -218,6 +218,18 @@ def test_exec_timeout_output_must_be_read_before_the_deadline(emu, sb):
     assert p.stdout.read() == ""
 
 
+def test_wait_reports_the_exit_while_a_background_child_holds_stdout(emu, sb):
+    # A container runtime reports an exec's exit when its process exits; the pipe
+    # stays open as long as the child lives (stdout then ends only with the child).
+    started = time.monotonic()
+    p = sb.exec("bash", "-c", "sleep 30 & echo $!", text=False)
+    pid = next(iter(p.stdout)).strip()
+    assert pid.isdigit()
+    assert p.wait() == 0
+    assert time.monotonic() - started < 5
+    assert sb.exec("kill", pid.decode()).wait() == 0
+
+
 def test_terminate_kills_everything(emu, app):
     sandbox = modal.Sandbox.create(app=app, timeout=300)
     long_running = sandbox.exec("sleep", "60")

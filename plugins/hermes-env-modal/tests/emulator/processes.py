@@ -19,6 +19,27 @@ from dataclasses import dataclass, field
 READ_CHUNK = 64 * 1024
 
 
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Also reports the moment the process itself exits.
+
+    ``asyncio.subprocess.Process.wait()`` returns only once every pipe is closed too,
+    so a background child that keeps stdout open (``sleep 300 &``) would hold back the
+    exit status for as long as it runs. A container runtime reports an exec's exit when
+    its process exits; ``exited`` gives that moment and the status.
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[int] = loop.create_future()
+
+    def process_exited(self) -> None:
+        transport = self._transport
+        rc = transport.get_returncode() if transport is not None else None
+        if not self.exited.done():
+            self.exited.set_result(rc if rc is not None else -1)
+        super().process_exited()
+
+
 class OutputBuffer:
     """Append-only byte log of one pipe, with waiters for new data / EOF."""
 
@@ -69,6 +90,7 @@ class LocalProcess:
     stdin_offset: int = 0
     stdin_closed: bool = False
     _proc: asyncio.subprocess.Process | None = None
+    _exit: asyncio.Future | None = None
     _exited: asyncio.Event = field(default_factory=asyncio.Event)
     _stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _tasks: list = field(default_factory=list)
@@ -96,7 +118,9 @@ class LocalProcess:
     ) -> None:
         self.started_at = time.monotonic()
         try:
-            self._proc = await asyncio.create_subprocess_exec(
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitAwareProtocol(2**16, loop),  # asyncio's default stream limit
                 *self.argv,
                 cwd=self.cwd,
                 env=env,
@@ -105,6 +129,8 @@ class LocalProcess:
                 stderr=subprocess.PIPE if pipe_stderr else subprocess.DEVNULL,
                 start_new_session=True,
             )
+            self._proc = asyncio.subprocess.Process(transport, protocol, loop)
+            self._exit = protocol.exited
         except (FileNotFoundError, PermissionError, NotADirectoryError, OSError) as exc:
             # A container runtime reports these as a failed exec; we report them the way a
             # shell would (127 command not found / 126 not executable or cwd unusable).
@@ -117,7 +143,6 @@ class LocalProcess:
             self.stdin_closed = True
             self._finish(127 if missing_cmd else 126)
             return
-        loop = asyncio.get_running_loop()
         if pipe_stdout:
             self._tasks.append(
                 loop.create_task(self._pump(self._proc.stdout, self.stdout))
@@ -145,8 +170,8 @@ class LocalProcess:
             buf.close()
 
     async def _reap(self) -> None:
-        assert self._proc is not None
-        rc = await self._proc.wait()
+        assert self._exit is not None
+        rc = await self._exit  # the process's own exit, not its pipes'
         self._finish(rc)
 
     def _finish(self, rc: int) -> None:

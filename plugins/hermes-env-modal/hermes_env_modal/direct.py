@@ -1,0 +1,395 @@
+"""Direct mode: the modal SDK, with this machine's Modal token, drives one sandbox.
+
+Every SDK call is an ``.aio`` coroutine run on the environment's own event loop
+thread; commands are ``bash -c`` execs read as they stream. Timeout and cancel
+kill the command's process tree with a second exec and leave the sandbox up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import secrets
+import shlex
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hermes_env_core.environment.handles import ProcessHandle
+from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
+from hermes_env_core.errors import (
+    BackendError,
+    ConfigError,
+    EnvironmentUnavailable,
+    HermesEnvError,
+    PluginLoadError,
+    SyncError,
+)
+
+from ._loop import EventLoopThread
+from ._process import OutputBridge, SandboxProcess, pump, write_stdin
+from .backend import ModalEnvironment
+from .config import ModalConfig, credentials_missing_message, default_snapshot_store
+from .snapshots import SnapshotStore
+
+if TYPE_CHECKING:
+    from hermes_env_core.sync import PullResult, SyncEngine
+
+__all__ = ["DirectModalEnvironment"]
+
+log = logging.getLogger(__name__)
+
+# The SDK refuses exec arguments longer than 2**16 characters in all (and the
+# kernel one argv string over 128 KiB); longer scripts travel on stdin.
+_ARG_LIMIT = 60_000
+_CALL_S = 120.0  # bound on one SDK call that should answer at once (exec start, kill, terminate)
+# Reads a pidfile and checks that the pid is still the bash of this exec (its
+# command line carries the token); else finds that bash by the token. The
+# pattern is split in two so that this script's own command line never matches.
+_FIND_PIDS = r"""t1=hermes-exec: t2=%(token)s
+mine() { local -a a; mapfile -d '' a <"/proc/$1/cmdline" 2>/dev/null || return 1; [[ "${a[*]}" == *"$t1$t2"* ]]; }
+p=; IFS= read -r p <%(pidfile)s 2>/dev/null
+if [[ $p =~ ^[0-9]+$ ]] && mine "$p"; then echo "$p"; exit 0; fi
+for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" = "$$" ] && continue; mine "$q" && echo "$q"; done
+exit 0
+"""
+
+
+def _import_sdk() -> Any:
+    try:
+        import modal
+        import modal.exception
+        from modal.stream_type import StreamType
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"modal: the modal SDK cannot be imported ({exc}): pip install 'modal>=1.6,<1.7'"
+        ) from exc
+    return modal, StreamType
+
+
+class DirectModalEnvironment(ModalEnvironment):
+    """One Modal sandbox per environment, reached with the SDK."""
+
+    mode = "direct"
+    config_model = ModalConfig
+
+    def __init__(self, config: ModalConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        cfg: ModalConfig = self.config  # type: ignore[assignment]
+        self._cfg = cfg
+        self._sandbox: Any = None
+        self._client: Any = None
+        self._app: Any = None
+        self._sync: SyncEngine | None = None
+        self._sb_lock = threading.Lock()
+        self._store = SnapshotStore(cfg.snapshot_store or default_snapshot_store()) if cfg.persistent else None
+        self._store_key = f"direct:{self.task_id}"
+        self._restored_from: str | None = None
+        self._state = "/tmp"
+        self._loop = EventLoopThread(f"hermes-env-modal-{self.task_id}")
+        self._loop.start()
+        try:
+            self._modal, self._stream_type = _import_sdk()
+            token_id, token_secret = self._credentials()
+            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.startup_timeout)
+            self._state = cfg.state_dir or self._probe_state_dir()
+            mappings = cfg.sync_mappings()
+            if mappings:
+                from hermes_env_core.sync import SyncEngine
+
+                from .sync import ModalSyncTransport
+
+                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval)
+        except BaseException as exc:
+            self._teardown(snapshot=False, errors=[])
+            raise self._translate(exc, "could not start a sandbox") from exc
+
+    # -- public extras -------------------------------------------------------------
+    @property
+    def sandbox_id(self) -> str | None:
+        sb = self._sandbox
+        return sb.object_id if sb is not None else None
+
+    @property
+    def restored_from(self) -> str | None:
+        """The snapshot image id the current sandbox was created from, if any."""
+        return self._restored_from
+
+    @property
+    def sync_engine(self) -> SyncEngine | None:
+        return self._sync
+
+    def pull(self) -> PullResult | None:
+        """Bring the sandbox's changes to the synced trees back to the host now."""
+        return self._sync.pull() if self._sync is not None else None
+
+    # -- setup ---------------------------------------------------------------------
+    def _credentials(self) -> tuple[str, str]:
+        cfg = self._cfg
+        if cfg.token_id is not None and cfg.token_secret is not None:
+            return cfg.token_id.get_secret_value(), cfg.token_secret.get_secret_value()
+        from modal.config import config as modal_config
+
+        token_id, token_secret = modal_config.get("token_id"), modal_config.get("token_secret")
+        if not token_id or not token_secret:
+            raise ConfigError(credentials_missing_message())
+        return token_id, token_secret
+
+    async def _connect(self, token_id: str, token_secret: str) -> None:
+        modal = self._modal
+        self._client = await modal.Client.from_credentials.aio(token_id, token_secret)
+        self._app = await modal.App.lookup.aio(self._cfg.app_name, create_if_missing=True, client=self._client)
+        self._sandbox = await self._create_sandbox(restore=True)
+
+    def _base_image(self) -> tuple[Any, str]:
+        modal, cfg = self._modal, self._cfg
+        if cfg.image_id:
+            return modal.Image.from_id(cfg.image_id, client=self._client), cfg.image_id
+        if cfg.image:
+            return modal.Image.from_registry(cfg.image), cfg.image
+        return modal.Image.debian_slim(), "debian_slim"
+
+    async def _create_sandbox(self, *, restore: bool) -> Any:
+        modal, cfg = self._modal, self._cfg
+        kwargs: dict[str, Any] = {
+            "app": self._app,
+            "client": self._client,
+            "timeout": cfg.sandbox_timeout,
+        }
+        for key in ("workdir", "cpu", "memory", "region", "idle_timeout"):
+            value = getattr(cfg, key)
+            if value is not None:
+                kwargs[key] = value
+        if cfg.block_network:
+            kwargs["block_network"] = True
+        if cfg.env:
+            kwargs["env"] = dict(cfg.env)
+        base, base_name = self._base_image()
+        self._restored_from = None
+        record = self._store.get(self._store_key) if (restore and self._store is not None) else None
+        if record is not None:
+            try:
+                image = modal.Image.from_id(record.image_id, client=self._client)
+                sandbox = await modal.Sandbox.create.aio(image=image, **kwargs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported in the next result, base image used
+                self._note(
+                    f"modal: could not restore snapshot {record.image_id} of task {self.task_id!r} "
+                    f"({type(exc).__name__}: {exc}); started from the base image {base_name} instead"
+                )
+                log.warning("modal: restoring %s failed: %r", record.image_id, exc)
+            else:
+                self._restored_from = record.image_id
+                return sandbox
+        return await modal.Sandbox.create.aio(image=base, **kwargs)
+
+    def _probe_state_dir(self) -> str:
+        # The session writes and reads back a small state file per command:
+        # on a memory-backed directory that costs a fraction of a disk's.
+        code, out, _ = self.run_script('[ -d /dev/shm ] && [ -w /dev/shm ] && [ -x /dev/shm ] && echo shm', shell="sh")
+        return "/dev/shm" if code == 0 and out.strip() == b"shm" else "/tmp"
+
+    def _state_dir(self) -> str:
+        return self._state
+
+    # -- running commands ---------------------------------------------------------
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        token = secrets.token_hex(8)
+        head = f": hermes-exec:{token}; "
+        argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
+        body = script.encode("utf-8", "surrogateescape")
+        upload: bytes | None = None
+        if len(body) <= _ARG_LIMIT:
+            # stdin closed (no command waits on it); stderr merged from the first statement.
+            argv.append(head + "exec </dev/null 2>&1; " + script)
+        else:
+            # bash's source reads the whole script before running any of it.
+            argv.append(head + "exec 3<&0 </dev/null 2>&1; builtin source /dev/fd/3")
+            upload = b"exec 3<&-; " + body
+        bridge = OutputBridge(self._loop)
+        reaping = asyncio.Event()
+        done = self._start(argv, bridge, reaping, upload=upload, read_stderr=login)
+        return SandboxProcess(
+            self._loop, bridge, done, reaping, token=token, on_kill=lambda: self._kill_quietly(token)
+        )
+
+    def _start(
+        self, argv: list[str], bridge: OutputBridge, reaping: asyncio.Event, *, upload: bytes | None, read_stderr: bool
+    ) -> concurrent.futures.Future[int]:
+        """Start the exec (recreating an ended sandbox once); the future gives its exit code."""
+        for attempt in (1, 2):
+            sandbox = self._sandbox
+            started: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            done = self._loop.submit(self._launch(sandbox, argv, bridge, reaping, started, upload, read_stderr))
+            try:
+                started.result(_CALL_S)
+                return done
+            except concurrent.futures.TimeoutError:
+                done.cancel()
+                raise EnvironmentUnavailable(f"modal: starting a command got no answer within {_CALL_S:g}s") from None
+            except Exception as exc:
+                if attempt == 1 and self._ended(sandbox, exc):
+                    self._recreate(sandbox)
+                    continue
+                raise self._translate(exc, "could not start the command") from exc
+        raise AssertionError("unreachable")
+
+    async def _launch(
+        self,
+        sandbox: Any,
+        argv: list[str],
+        bridge: OutputBridge,
+        reaping: asyncio.Event,
+        started: concurrent.futures.Future[Any],
+        upload: bytes | None,
+        read_stderr: bool,
+    ) -> int:
+        st = self._stream_type
+        try:
+            proc = await sandbox.exec.aio(
+                *argv, text=False, stdout=st.PIPE, stderr=st.PIPE if read_stderr else st.DEVNULL
+            )
+        except BaseException as exc:
+            started.set_exception(exc)  # no handle reads the bridge yet: _start may retry with it
+            raise
+        started.set_result(proc)
+        return await pump(proc, bridge, read_stderr=read_stderr, upload=upload, reaping=reaping)
+
+    def _ended(self, sandbox: Any, exc: BaseException) -> bool:
+        """Whether ``exc`` says the sandbox itself is gone (timed out, terminated)."""
+        if not self._cfg.recreate or sandbox is None:
+            return False
+        if not isinstance(exc, (self._modal.exception.NotFoundError, self._modal.exception.SandboxTerminatedError)):
+            return False
+        try:
+            return self._loop.run(sandbox.poll.aio(), timeout=_CALL_S) is not None
+        except Exception:  # noqa: BLE001 - cannot even ask: treat as gone
+            return True
+
+    def _recreate(self, dead: Any) -> None:
+        with self._sb_lock:
+            if self._sandbox is not dead:
+                return  # another thread already replaced it
+            old = dead.object_id
+            try:
+                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.startup_timeout)
+            except Exception as exc:
+                raise self._translate(exc, f"sandbox {old} has ended and a new one could not be started") from exc
+            if self._sync is not None:
+                self._sync.reset()
+            self._note(
+                f"modal: sandbox {old} had ended (timeout or terminated); continuing in a new sandbox "
+                f"{self._sandbox.object_id}: files written since the last snapshot are gone, the shell state is kept"
+            )
+
+    def _before_execute(self) -> None:
+        if self._sync is not None:
+            self._sync.push()
+
+    # -- timeout and cancel ---------------------------------------------------------
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        if not isinstance(handle, SandboxProcess):
+            handle.kill()
+            return
+        self._signal(handle, wrapped.pidfile, "TERM" if graceful else "KILL")
+
+    def _kill_quietly(self, token: str) -> None:
+        # ThreadedProcessHandle.kill(): the base class gave up waiting for the exit.
+        try:
+            pids = self._find_pids(None, token)
+            if pids:
+                self.run_script("".join(kill_tree_script(p, "KILL") for p in pids))
+        except Exception as exc:  # noqa: BLE001 - the wait that follows reports the outcome
+            log.warning("modal: kill of exec %s failed: %r", token, exc)
+
+    def _signal(self, handle: SandboxProcess, pidfile: str | None, sig: str) -> None:
+        if not handle.pids:
+            handle.pids = self._find_pids(pidfile, handle.token)
+        if handle.pids:
+            self.run_script("".join(kill_tree_script(p, sig) for p in handle.pids))
+
+    def _find_pids(self, pidfile: str | None, token: str) -> tuple[int, ...]:
+        script = _FIND_PIDS % {"token": token, "pidfile": shlex.quote(pidfile or "/nonexistent")}
+        _, out, _ = self.run_script(script)
+        return tuple(int(x) for x in out.split() if x.isdigit())
+
+    def run_script(self, script: str, stdin: bytes | None = None, *, shell: str = "bash") -> tuple[int, bytes, bytes]:
+        """Run ``script`` in the sandbox outside the session: (exit code, stdout, stderr)."""
+        try:
+            return self._loop.run(self._collect([shell, "-c", script], stdin), timeout=_CALL_S)
+        except HermesEnvError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, "a helper command failed") from exc
+
+    async def _collect(self, argv: list[str], stdin: bytes | None) -> tuple[int, bytes, bytes]:
+        proc = await self._sandbox.exec.aio(*argv, text=False)
+        out = asyncio.ensure_future(proc.stdout.read.aio())
+        err = asyncio.ensure_future(proc.stderr.read.aio())
+        if stdin is not None:
+            await write_stdin(proc, stdin)
+        code = await proc.wait.aio()
+        return int(code), await out, await err
+
+    async def open_exec(self, argv: list[str]) -> Any:
+        """Start ``argv`` in the sandbox as a raw SDK process (for the sync transport)."""
+        return await self._sandbox.exec.aio(*argv, text=False)
+
+    # -- errors ----------------------------------------------------------------------
+    def _translate(self, exc: BaseException, what: str) -> BaseException:
+        if isinstance(exc, HermesEnvError) or not isinstance(exc, Exception):
+            return exc
+        modal = getattr(self, "_modal", None)
+        if modal is not None and isinstance(exc, modal.exception.AuthError):
+            return ConfigError(f"modal: Modal rejected the credentials: {exc}. {credentials_missing_message()}")
+        if isinstance(exc, TimeoutError):
+            return EnvironmentUnavailable(f"modal: {what}: no answer from Modal in time ({exc})")
+        return EnvironmentUnavailable(f"modal: {what}: {type(exc).__name__}: {exc}")
+
+    # -- teardown --------------------------------------------------------------------
+    def cleanup(self) -> None:
+        errors: list[BaseException] = []
+        if self._sync is not None and self._cfg.pull_on_close:
+            try:
+                self._sync.pull()
+            except Exception as exc:  # noqa: BLE001 - re-raised once everything is released
+                errors.append(exc)
+        self._teardown(snapshot=self._cfg.persistent, errors=errors)
+        if errors:
+            first = errors[0]
+            if len(errors) > 1:
+                rest = "; ".join(f"{type(e).__name__}: {e}" for e in errors[1:])
+                raise SyncError(f"modal: closing {self.task_id!r} failed: {first}; also: {rest}") from first
+            raise first
+
+    def _teardown(self, *, snapshot: bool, errors: list[BaseException]) -> None:
+        """Snapshot (if asked), terminate the sandbox, close the client, stop the loop: each once."""
+        sandbox, self._sandbox = self._sandbox, None
+        client, self._client = self._client, None
+        try:
+            if sandbox is not None and self._loop.running:
+                if snapshot and self._store is not None:
+                    try:
+                        image = self._loop.run(sandbox.snapshot_filesystem.aio(), timeout=_CALL_S)
+                        self._store.put(
+                            self._store_key,
+                            image.object_id,
+                            sandbox_id=sandbox.object_id,
+                            base_image=self._cfg.image_id or self._cfg.image or "debian_slim",
+                        )
+                    except Exception as exc:  # noqa: BLE001
+                        errors.append(BackendError(f"modal: snapshot of sandbox {sandbox.object_id} failed: {exc}"))
+                try:
+                    self._loop.run(sandbox.terminate.aio(), timeout=_CALL_S)
+                except Exception as exc:  # noqa: BLE001 - Modal ends it at its timeout anyway
+                    log.warning("modal: terminating %s failed: %r", sandbox.object_id, exc)
+            if client is not None and self._loop.running:
+                try:
+                    self._loop.run(client.close.aio(), timeout=30.0)
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("modal: closing the client failed: %r", exc)
+        finally:
+            self._loop.stop()

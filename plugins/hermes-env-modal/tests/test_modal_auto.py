@@ -1,0 +1,106 @@
+"""mode = "auto": managed when a gateway token is configured, else direct when
+Modal credentials exist, else an error saying both ways to fix it."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hermes_env_modal import ModalConfig, ModalEnvironment
+from hermes_env_modal.config import modal_credentials_source, resolve_mode
+from hermes_env_modal.direct import DirectModalEnvironment
+from hermes_env_modal.managed import ManagedModalEnvironment
+
+from hermes_env_core.errors import ConfigError
+from hermes_env_core.factory import create_environment
+
+
+def _no_toml(tmp_path) -> dict[str, str]:
+    return {"MODAL_CONFIG_PATH": str(tmp_path / "absent.toml")}
+
+
+def test_gateway_token_wins_over_modal_credentials(tmp_path):
+    cfg = ModalConfig(gateway_url="https://gw.example", gateway_token="t")
+    env = {**_no_toml(tmp_path), "MODAL_TOKEN_ID": "ak", "MODAL_TOKEN_SECRET": "as"}
+    assert resolve_mode(cfg, env) == "managed"
+
+
+def test_direct_from_environment_variables(tmp_path):
+    env = {**_no_toml(tmp_path), "MODAL_TOKEN_ID": "ak", "MODAL_TOKEN_SECRET": "as"}
+    assert resolve_mode(ModalConfig(), env) == "direct"
+    assert modal_credentials_source(ModalConfig(), env) == "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"
+
+
+def test_half_a_token_is_no_credential(tmp_path):
+    with pytest.raises(ConfigError):
+        resolve_mode(ModalConfig(), {**_no_toml(tmp_path), "MODAL_TOKEN_ID": "ak"})
+
+
+def test_direct_from_the_active_profile_of_modal_toml(tmp_path):
+    toml = tmp_path / "modal.toml"
+    toml.write_text(
+        '[default]\ntoken_id = "ak-d"\ntoken_secret = "as-d"\n'
+        '[work]\nactive = true\ntoken_id = "ak-w"\ntoken_secret = "as-w"\n'
+        "[empty]\n"
+    )
+    env = {"MODAL_CONFIG_PATH": str(toml)}
+    assert resolve_mode(ModalConfig(), env) == "direct"
+    assert "'work'" in modal_credentials_source(ModalConfig(), env)  # type: ignore[operator]
+    with pytest.raises(ConfigError):
+        resolve_mode(ModalConfig(), {**env, "MODAL_PROFILE": "empty"})
+
+
+def test_direct_from_config_tokens(tmp_path):
+    cfg = ModalConfig(token_id="ak", token_secret="as")
+    assert resolve_mode(cfg, _no_toml(tmp_path)) == "direct"
+
+
+def test_nothing_configured_explains_both_fixes(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        resolve_mode(ModalConfig(), _no_toml(tmp_path))
+    text = str(info.value)
+    for needle in ("gateway_url", "gateway_token", "modal token new", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"):
+        assert needle in text
+
+
+def test_managed_needs_a_url(tmp_path):
+    with pytest.raises(ConfigError, match="gateway_url"):
+        resolve_mode(ModalConfig(gateway_token="t"), _no_toml(tmp_path))
+    with pytest.raises(ConfigError, match="gateway_token"):
+        resolve_mode(ModalConfig(mode="managed", gateway_url="http://x"), _no_toml(tmp_path))
+
+
+def test_an_explicit_mode_is_not_second_guessed(tmp_path):
+    assert resolve_mode(ModalConfig(mode="direct"), _no_toml(tmp_path)) == "direct"
+
+
+def test_auto_builds_the_managed_class(gateway):
+    with ModalEnvironment(gateway_url=gateway.url, gateway_token=gateway.token) as env:
+        assert isinstance(env, ManagedModalEnvironment) and env.mode == "managed"
+
+
+def test_auto_builds_the_direct_class(modal_emu):
+    with ModalEnvironment(task_id=f"auto-{uuid.uuid4().hex[:6]}") as env:  # emulator's MODAL_TOKEN_* set
+        assert isinstance(env, DirectModalEnvironment) and env.mode == "direct"
+        assert env.execute("echo d").output == "d\n"
+
+
+def test_the_factory_resolves_modal_through_the_registry(gateway, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no hermes-env.toml around
+    monkeypatch.setenv("TERMINAL_GATEWAY_URL", gateway.url)
+    monkeypatch.setenv("TERMINAL_GATEWAY_TOKEN", gateway.token)
+    with create_environment("modal") as env:
+        assert isinstance(env, ManagedModalEnvironment)
+        assert env.execute("echo via-factory").output == "via-factory\n"
+
+
+def test_doctor_check_names_the_missing_credentials(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for var in ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "TERMINAL_GATEWAY_TOKEN", "TERMINAL_GATEWAY_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MODAL_CONFIG_PATH", str(tmp_path / "absent.toml"))
+    (problem,) = ModalEnvironment.check_requirements()
+    assert "modal token new" in problem and "gateway_token" in problem
+    monkeypatch.setenv("TERMINAL_GATEWAY_URL", "https://gw.example")
+    monkeypatch.setenv("TERMINAL_GATEWAY_TOKEN", "t")
+    assert ModalEnvironment.check_requirements() == []

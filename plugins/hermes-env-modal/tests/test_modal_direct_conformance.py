@@ -1,0 +1,20 @@
+"""The core conformance suite, unchanged, against direct mode: the real modal SDK
+driving sandboxes of the local gRPC emulator."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hermes_env_modal import ModalEnvironment
+
+from hermes_env_core.testing import EnvironmentConformance
+
+
+class TestModalDirectConformance(EnvironmentConformance):
+    hypothesis_examples = 15  # each example is a round trip through the SDK
+
+    @pytest.fixture
+    def environment(self, modal_emu):
+        with ModalEnvironment(mode="direct", task_id=f"conf-{uuid.uuid4().hex[:8]}") as env:
+            yield env
