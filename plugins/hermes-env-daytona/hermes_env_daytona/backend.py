@@ -14,7 +14,6 @@ import re
 import secrets
 import shlex
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.base import BaseEnvironment
@@ -336,22 +335,13 @@ class DaytonaEnvironment(BaseEnvironment):
             self._sandbox = self._bring_up(fresh, resumed=False) if fresh is not None else self._acquire()
             return True
 
-    def execute(
-        self,
-        command: str,
-        *,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        cancel: threading.Event | None = None,
-        on_output: Callable[[str], None] | None = None,
-    ) -> ExecResult:
-        # Only a hint for _run_bash, the flow is the base class's: the SDK returns
-        # output when a command ends, so a caller watching it live gets it from a
-        # file in the sandbox that is polled instead.
-        self._live.on = on_output is not None
+    def execute(self, command: str, **kwargs: Any) -> ExecResult:
+        # Only a hint for _run_bash; the flow is the base class's. The SDK returns
+        # output when a command ends, so a caller watching it live (on_output)
+        # gets it from a file in the sandbox that is polled instead.
+        self._live.on = kwargs.get("on_output") is not None
         try:
-            return super().execute(command, cwd=cwd, timeout=timeout, stdin=stdin, cancel=cancel, on_output=on_output)
+            return super().execute(command, **kwargs)
         finally:
             self._live.on = False
 

@@ -166,6 +166,7 @@ class DaytonaEmulator:
         ``transition_delay``          seconds a start/stop/create spends in its transitional state
         ``max_total_cpu``             quota: creating past it fails with ``quota_status`` (403)
         ``max_exec_seconds``          ceiling on any command (default 600 s)
+        ``exec_shell``                what runs ``process.exec`` commands (default bash; "sh" as a non-bash stand-in for zsh)
         ``advertise_toolbox_url``     False: DTOs omit ``toolboxProxyUrl`` (SDK fetches it)
     """
 
@@ -185,6 +186,7 @@ class DaytonaEmulator:
         self.max_total_cpu: int | None = None
         self.quota_status = 403
         self.max_exec_seconds = 600.0
+        self.exec_shell = "bash"
         self.advertise_toolbox_url = True
         self.events = EventHub(self)
         self._router = Router()

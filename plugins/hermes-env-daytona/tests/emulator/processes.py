@@ -89,10 +89,11 @@ def run_command(
     env: dict[str, str],
     timeout: float,
     table: ProcessTable,
+    shell: str = "bash",
 ) -> ExecOutcome:
-    """``bash -c command`` with stdout and stderr merged, killed as a group at ``timeout``."""
+    """``<shell> -c command`` with stdout and stderr merged, killed as a group at ``timeout``."""
     proc = subprocess.Popen(
-        ["bash", "-c", command],
+        [shell, "-c", command],
         cwd=str(cwd),
         env=env,
         stdin=subprocess.DEVNULL,

@@ -207,6 +207,7 @@ class Toolbox:
             env=sb.process_env(spec.envs),
             timeout=min(timeout, limit),
             table=sb.processes,
+            shell=self.emu.exec_shell,
         )
         if outcome.timed_out:
             raise daemon_error(
