@@ -60,8 +60,10 @@ class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
     _err: IO[bytes] | None = None
     _on_gone: Callable[[], None] | None = None
     _instance = ""
+    _signalled = False
 
     def _signal_group(self, sig: int) -> None:
+        self._signalled = True  # what the client says after our signal is no failure
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -82,7 +84,7 @@ class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
                 text = err.read(65536).decode("utf-8", "replace")
             finally:
                 err.close()
-            if code == 255 and "FATAL:" in text:
+            if code == 255 and "FATAL:" in text and not self._signalled:
                 message = last_error(text[text.find("FATAL:"):])
                 if "no instance found" in text and self._on_gone is not None:
                     self._on_gone()
@@ -117,6 +119,7 @@ class SingularityEnvironment(BaseEnvironment):
         self._overlay_fd = -1
         self._lock = threading.Lock()
         self.limits_applied = False
+        self._binds = [b.spec(_bind_source(b.source)) for b in cfg.binds]
         sweep_in_background(self.runtime, self._client_env)
         self.image: ResolvedImage = resolve_image(
             cfg.image,
@@ -129,7 +132,6 @@ class SingularityEnvironment(BaseEnvironment):
         if self.image.warning:
             log.warning("singularity: %s", self.image.warning)
             self._note(self.image.warning)
-        self._binds = [b.spec(_bind_source(b.source)) for b in cfg.binds]
         self._overlay = self._lock_overlay() if cfg.overlay == "persistent" else None
         try:
             self._start_instance()

@@ -145,11 +145,23 @@ def ensure_sif(
         waited = time.monotonic() - started
         if os.path.isfile(final):
             return ResolvedImage(final, "cached", waited_s=waited)  # another process built it meanwhile
+        _remove_stale_builds(final)
         t0 = time.monotonic()
         _build(image, final, runtime, env=env, timeout=build_timeout, no_https=no_https)
         return ResolvedImage(final, "built", built_s=time.monotonic() - t0, waited_s=waited)
     finally:
         os.close(fd)  # releases the lock
+
+
+def _remove_stale_builds(final: str) -> None:
+    """Temporary files of builds that died: holding the lock, nobody else is writing one."""
+    directory, base = os.path.split(final)
+    for name in os.listdir(directory):
+        if name.startswith(f".{base}.") and name.endswith(".tmp"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 def _lock(fd: int, what: str, *, deadline: float) -> None:

@@ -21,8 +21,8 @@ for p in (PLUGIN_ROOT, TESTS_DIR):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from hermes_env_singularity.runtime import Runtime, RuntimeNotFoundError, client_env, find_runtime  # noqa: E402
-from singularity_support import build_docker_archive, build_rootfs  # noqa: E402
+from hermes_env_singularity.runtime import Runtime, RuntimeNotFoundError, client_env, find_runtime
+from singularity_support import build_docker_archive, build_rootfs
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 INSTALLER = REPO_ROOT / "scripts" / "install-apptainer.sh"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hermes_env_singularity.backend import SingularityEnvironment, _container_env
+from hermes_env_singularity.config import BindMount, SingularityConfig
 from pydantic import ValidationError
 
 from hermes_env_core.errors import ConfigError
-from hermes_env_singularity.backend import SingularityEnvironment, _container_env
-from hermes_env_singularity.config import BindMount, SingularityConfig
 
 
 def test_binds_read_write_and_read_only(sif: Path, tmp_path: Path) -> None:

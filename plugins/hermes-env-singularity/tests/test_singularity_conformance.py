@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hermes_env_singularity.backend import SingularityEnvironment
 
 from hermes_env_core.testing import EnvironmentConformance
-from hermes_env_singularity.backend import SingularityEnvironment
 
 
 class TestSingularityConformance(EnvironmentConformance):

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from hermes_env_core.errors import ConfigError
 from hermes_env_singularity.backend import SingularityEnvironment
 from hermes_env_singularity.images import cache_key
 from singularity_support import IMAGE_ENV, LocalRegistry
+
+from hermes_env_core.errors import ConfigError
 
 MARKER = "cat /marker; echo \"$HERMES_IMAGE_ENV\""
 
@@ -53,6 +53,17 @@ def test_docker_archive_built_once_into_the_cache(docker_archive: Path, tmp_path
     with SingularityEnvironment(image=f"docker-archive:{docker_archive}", cache_dir=str(cache)) as env:
         assert env.image.kind == "cached"
         assert env.execute("cat /marker").output == "hermes-test-image\n"
+
+
+def test_stale_temporary_build_is_removed(docker_archive: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ref = f"docker-archive:{docker_archive}"
+    stale = cache / f".{cache_key(ref)}.99999.tmp"  # left by a build that was killed
+    stale.write_bytes(b"half a SIF")
+    with SingularityEnvironment(image=ref, cache_dir=str(cache)) as env:
+        assert env.image.kind == "built"
+    assert not stale.exists()
 
 
 def test_docker_archive_key_follows_the_file(docker_archive: Path, tmp_path: Path) -> None:

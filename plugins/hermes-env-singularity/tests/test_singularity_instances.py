@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from hermes_env_core.errors import BackendError, EnvironmentUnavailable
 from hermes_env_singularity.backend import SingularityEnvironment
 from hermes_env_singularity.instances import (
     INSTANCE_PREFIX,
@@ -23,6 +21,8 @@ from hermes_env_singularity.instances import (
 )
 from hermes_env_singularity.runtime import Runtime, client_env
 from singularity_support import PLUGIN_ROOT
+
+from hermes_env_core.errors import BackendError, EnvironmentUnavailable
 
 
 def _names(runtime: Runtime) -> set[str]:
@@ -117,9 +117,8 @@ def test_image_without_bash_is_a_clear_error(runtime: Runtime, tmp_path: Path) -
     out = tmp_path / "nobash.sif"
     proc = runtime.run(["build", str(out), str(root)], env=client_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
-    with SingularityEnvironment(image=str(out)) as env:
-        with pytest.raises(EnvironmentUnavailable, match="needs bash"):
-            env.execute("echo hi")
+    with SingularityEnvironment(image=str(out)) as env, pytest.raises(EnvironmentUnavailable, match="needs bash"):
+        env.execute("echo hi")
 
 
 def test_persistent_overlay_keeps_files_per_task(sif: Path, tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-
-from hermes_env_core.errors import EnvironmentUnavailable
 from hermes_env_singularity import backend
 from hermes_env_singularity.backend import SingularityEnvironment
 from hermes_env_singularity.runtime import Runtime, client_env
+
+from hermes_env_core.errors import EnvironmentUnavailable
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="apptainer applies cgroup limits here only as root")
 

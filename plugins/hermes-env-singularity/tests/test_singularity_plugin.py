@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from singularity_support import PLUGIN_ROOT
 
 HEAVY = (

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
-
 from hermes_env_singularity.backend import SingularityEnvironment
 from hermes_env_singularity.config import SingularityConfig
 from hermes_env_singularity.runtime import RuntimeNotFoundError, find_runtime
+from pydantic import ValidationError
 
 
 def _exe(path: Path) -> Path:
