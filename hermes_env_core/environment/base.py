@@ -34,6 +34,7 @@ class CancelToken(threading.Event):
 
 _POLL_S = 0.02  # how often a quiet command is checked for cancel and exit
 _DRAIN_S = 0.2  # how long to keep reading after bash has exited
+_MAX_READ = 1 << 20
 
 
 class _Run:
@@ -299,6 +300,7 @@ class BaseEnvironment(abc.ABC):
         exited_at: float | None = None
         reason: str | None = None
         read = os.read
+        bufsize = 65536
         try:
             while True:
                 now = time.monotonic()
@@ -313,13 +315,15 @@ class BaseEnvironment(abc.ABC):
                     events = []
                 if events:
                     try:
-                        data = read(fd, 65536)
+                        data = read(fd, bufsize)
                     except OSError as exc:
                         if exc.errno in (errno.EAGAIN, errno.EINTR):
                             continue
                         data = b""
                     if data:
                         splitter.feed(data)
+                        if len(data) == bufsize and bufsize < _MAX_READ:
+                            bufsize = _MAX_READ  # a big producer: fewer, larger reads
                         continue
                     break  # EOF: everyone holding the pipe is gone
                 if splitter.done:
