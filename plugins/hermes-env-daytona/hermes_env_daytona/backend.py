@@ -84,6 +84,7 @@ class DaytonaEnvironment(BaseEnvironment):
         self._resources = self._capped_resources()
         self._sync: SyncEngine | None = None
         self._push_lock = threading.Lock()
+        self._sync_lost = False
         if cfg.sync:
             from hermes_env_core.sync import SyncEngine, SyncMapping
 
@@ -285,9 +286,10 @@ class DaytonaEnvironment(BaseEnvironment):
             self._lifecycle("setting the auto-stop interval", lambda: sb.set_autostop_interval(want))
 
     def _lost_files(self) -> None:
+        # Called under the readiness lock: the engine is reset later, outside it,
+        # since a push holding the engine may itself be waiting for that lock.
         self._home = None
-        if self._sync is not None:
-            self._sync.reset()
+        self._sync_lost = True
 
     def home(self) -> str:
         """The sandbox user's home directory (relative sync paths start there)."""
@@ -450,12 +452,18 @@ class DaytonaEnvironment(BaseEnvironment):
         if self._sync is None:
             return
         # A push in progress in another thread is not waited for: commands do not queue behind a sync.
-        if not self._push_lock.acquire(blocking=False):
-            return
-        try:
-            self._sync.push()
-        finally:
-            self._push_lock.release()
+        if self._push_lock.acquire(blocking=False):
+            try:
+                self._push(force=False)
+            finally:
+                self._push_lock.release()
+
+    def _push(self, *, force: bool) -> PushResult:
+        assert self._sync is not None
+        if self._sync_lost:
+            self._sync_lost = False
+            self._sync.reset()  # a new sandbox: everything goes up again
+        return self._sync.push(force=force)
 
     def push_files(self, *, force: bool = True) -> PushResult:
         """Push the sync mappings now (``force``: ignore the rate limit)."""
@@ -463,7 +471,7 @@ class DaytonaEnvironment(BaseEnvironment):
             raise HermesEnvError("daytona: no sync mappings are configured (option 'sync')")
         self._ready()
         with self._push_lock:
-            return self._sync.push(force=force)
+            return self._push(force=force)
 
     def pull_files(self) -> PullResult:
         """Bring the sandbox's changes to the synced paths back to this machine."""

@@ -143,3 +143,25 @@ def test_commands_do_not_queue_behind_an_upload(make_env, project):
         release.set()
         pushing.join(30)
     assert env.execute("cat project/new.txt").output == "new\n"
+
+
+def test_a_recreated_sandbox_gets_every_file_again(emu, make_env, project, task_id):
+    from daytona import Daytona, DaytonaConfig
+
+    from hermes_env_core.testing import wait_until
+
+    # Absolute paths: the emulator gives every sandbox its own home path, a real service the same one.
+    target = f"/tmp/hermes-sync-{task_id}"
+    env = make_env(sync=[{"host": str(project), "remote": target}], sync_interval=0)
+    try:
+        env.execute("cd /tmp")
+        old = env.sandbox.id
+        assert emu.events.wait_connected(1, timeout=10)
+        client = Daytona(DaytonaConfig(api_url=emu.api_url, api_key=emu.api_key))
+        client.delete(client.get(old))
+        shutil.rmtree(target)  # what deleting a real sandbox does to its files
+        assert wait_until(lambda: str(env._sandbox.state.value) == "destroyed", 10)
+        r = env.execute(f"cat {target}/src/pkg/mod.py")
+        assert r.output == "print('hi')\n" and env.sandbox.id != old
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
