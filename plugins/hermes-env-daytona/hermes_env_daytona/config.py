@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
 from hermes_env_core.environment.options import EnvironmentConfig
 from hermes_env_core.sync.filters import DEFAULT_EXCLUDES
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 __all__ = ["SERVICE_MAX_CPU", "SERVICE_MAX_DISK_GIB", "SERVICE_MAX_MEMORY_GIB", "DaytonaConfig", "DaytonaSyncMount"]
 
