@@ -1,7 +1,8 @@
 """Daytona backend vs the SDK's raw ``sandbox.process.exec('true')``, in one run against the emulator.
 
-Both go through the same unmodified SDK, the same emulator and the same
-sandbox; calls are interleaved so both see the same machine load. Prints the
+Both go through the same unmodified SDK, the same emulator (in a process of
+its own) and the same sandbox; calls are interleaved so both see the same
+machine load. Prints the
 medians and the ratio (target <= 1.3), and, to show where the difference
 goes, the raw exec of the session wrapper's script for ``true`` alone (what
 any backend pays for session state, before this backend's own work).
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,16 +33,30 @@ def load_emulator():
     return module
 
 
+def serve() -> None:
+    """Run the emulator until stdin closes (in its own process, so it shares no GIL with the client)."""
+    with load_emulator().DaytonaEmulator() as emu:
+        print(json.dumps({"api_url": emu.api_url, "api_key": emu.api_key}), flush=True)
+        sys.stdin.read()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        serve()
+        return 0
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
 
     from hermes_env_daytona.backend import DaytonaEnvironment
 
-    with load_emulator().DaytonaEmulator() as emu:
-        env = DaytonaEnvironment(api_url=emu.api_url, api_key=emu.api_key, task_id=f"bench{os.getpid()}")
+    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        emu = json.loads(server.stdout.readline())
+        env = DaytonaEnvironment(api_url=emu["api_url"], api_key=emu["api_key"], task_id=f"bench{os.getpid()}")
         env.execute("true")
         sandbox = env.sandbox  # the raw baseline runs in the very same sandbox, through the same client
         for _ in range(20):
@@ -60,6 +77,10 @@ def main() -> int:
             env.execute("true")
             ours_t.append(time.perf_counter() - t)
         env.close()
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(30)
     raw, wrap, ours = (statistics.median(x) for x in (raw_t, wrap_t, ours_t))
     print(f"against the emulator, {args.rounds} interleaved rounds, medians:")
     print(f"  raw process.exec('true')               {raw * 1e3:6.2f} ms")
