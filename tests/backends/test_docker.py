@@ -310,7 +310,7 @@ def test_recreated_after_removal_with_state(make_env, docker_client):
     env = make_env()
     env.execute("export HERMES_T_KEEP=43; echo x >/workspace/old")
     old = env.container_id
-    docker_client.api.remove_container(old, force=True)
+    docker_client.api.remove_container(old, force=True, v=True)
     r = env.execute('echo "$HERMES_T_KEEP"; ls /workspace')
     assert r.output == "43\n"
     assert any(n.startswith("environment recreated:") and "removed" in n for n in r.notes), r.notes
