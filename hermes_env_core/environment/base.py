@@ -40,7 +40,7 @@ _MAX_READ = 1 << 20
 class _Run:
     """Result of driving one wrapped script to its end."""
 
-    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt")
+    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes")
 
     def __init__(self) -> None:
         self.captured = None
@@ -49,6 +49,7 @@ class _Run:
         self.timed_out = False
         self.interrupted = False
         self.corrupt = False
+        self.notes: tuple[str, ...] = ()
 
 
 class BaseEnvironment(abc.ABC):
@@ -120,7 +121,8 @@ class BaseEnvironment(abc.ABC):
 
     # -- helpers a backend may call ------------------------------------------
     def _note(self, text: str) -> None:
-        """Attach a note to the next result (e.g. 'environment recreated')."""
+        """Attach a note to the next result of this environment (e.g. 'environment
+        recreated'). A fact about one command belongs in its handle's ``notes``."""
         with self._notes_lock:
             self._notes.append(text)
 
@@ -171,7 +173,7 @@ class BaseEnvironment(abc.ABC):
             )
         finally:
             session.release(wrapped)
-        notes = self._take_notes()
+        notes = self._take_notes() + list(run.notes)
         exit_code = run.exit_code
         if run.frame is not None and not run.corrupt:
             try:
@@ -353,6 +355,8 @@ class BaseEnvironment(abc.ABC):
                 run.frame = self._state_from_file(wrapped, run.frame)
                 run.corrupt = run.frame is None
             code = self._reap(handle, finished=splitter.done or reason is None)
+            # Per-command facts a handle knows (OOM, recreated): on this result only.
+            run.notes = tuple(getattr(handle, "notes", ()) or ())
         finally:
             try:
                 stdout.close()

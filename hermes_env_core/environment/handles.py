@@ -25,8 +25,9 @@ class ProcessHandle(Protocol):
     ``stdout`` must have a ``fileno()`` usable with ``select``; it carries
     stdout and stderr merged. ``kill()`` must end the process (a backend may
     make it end the whole tree). Optional extras the base class uses when
-    present: ``terminate()`` for a graceful stop and ``error``, an exception
-    that explains a failure of the transport.
+    present: ``terminate()`` for a graceful stop, ``error``, an exception
+    that explains a failure of the transport, and ``notes``, strings added to
+    this command's result only.
     """
 
     stdout: IO[bytes] | None

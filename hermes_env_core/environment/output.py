@@ -230,11 +230,11 @@ class FrameSplitter:
             self._sink(rest)
 
     def _give_up(self) -> None:
+        # The frame is ours, never the command's output: drop it (the caller
+        # reports that the state was not saved) rather than leak it.
         self.corrupt = True
-        data = bytes(self._frame)
         self._frame = bytearray()
         self._mode = 3
-        self._sink(data)
 
     def flush(self) -> None:
         """End of stream: release bytes held back as a possible marker prefix."""

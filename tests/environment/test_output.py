@@ -91,3 +91,14 @@ def test_live_callback_decodes_split_characters(text, cuts):
         cap.feed(chunk)
     cap.finish()
     assert "".join(got) == text
+
+
+def test_oversized_frame_is_dropped_not_leaked(monkeypatch):
+    import hermes_env_core.environment.output as out_mod
+
+    monkeypatch.setattr(out_mod, "_MAX_FRAME_BYTES", 100)
+    out = bytearray()
+    sp = FrameSplitter(MARK, out.extend)
+    sp.feed(b"visible\n" + MARK + b"S0 1 5000 0\n/" + b"declare -- X=1\n" * 20)
+    sp.flush()
+    assert bytes(out) == b"visible\n" and sp.corrupt and sp.frame is None

@@ -188,3 +188,17 @@ def test_pidfile_of_an_earlier_command_is_not_trusted():
         assert w.pid_from(f"123 {w.nonce}") == 123
         assert w.pid_from("123 someothernonce") is None
         assert w.pid_from("123") is None
+
+
+class NotingLocal(LocalEnvironment):
+    def _run_bash(self, script, *, login, timeout, stdin_data):
+        proc = super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
+        if "mark-me" in script:
+            proc.notes = ("this command only",)  # type: ignore[attr-defined]
+        return proc
+
+
+def test_handle_notes_reach_only_their_own_result():
+    with NotingLocal() as env:
+        assert env.execute("echo mark-me").notes == ("this command only",)
+        assert env.execute("echo other").notes == ()
