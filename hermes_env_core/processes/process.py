@@ -305,7 +305,7 @@ class BackgroundProcess:
             old = self._matcher
             self._matcher = LineMatcher(self._patterns)
             if old is not None:
-                self._matcher._carry = old._carry  # keep the line in progress
+                self._matcher.feed(old.partial())  # the line in progress (no newline: no match yet)
             self._watch_disabled = False
 
     def _check_running(self, what: str) -> None:

@@ -104,19 +104,86 @@ class LineMatcher:
     """Feeds on raw output bytes and returns ``(pattern, line)`` for each matching line.
 
     The whole run of complete lines in a read is searched at once (one
-    ``str.find`` or regex scan per pattern), so cost grows with matches, not
-    with lines. A line matching several patterns is reported once, for the
+    ``find`` or regex scan per pattern), so cost grows with matches, not with
+    lines. Plain substrings are searched in the bytes themselves (UTF-8 is
+    self-synchronising, so a byte match is a character match) and only a
+    matching line is decoded; regexes and case-insensitive patterns search
+    decoded text. A line matching several patterns is reported once, for the
     first of them.
     """
 
     def __init__(self, patterns: Iterable[WatchPattern], *, max_line: int = MAX_LINE_CHARS) -> None:
         self.patterns = tuple(patterns)
+        self._max_line = max_line
+        self._bytes = all(not p.regex and not p.ignore_case for p in self.patterns)
+        self._needles = [(p, p.pattern.encode("utf-8")) for p in self.patterns]
         self._find = [(p, _finder(p), _line_test(p)) for p in self.patterns]
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._carry = ""
-        self._max_line = max_line
+        self._carry = ""  # text mode: the line in progress
+        self._bcarry = b""  # bytes mode: the line in progress
+
+    def partial(self) -> bytes:
+        """The line in progress (to hand to a matcher that replaces this one)."""
+        return self._bcarry if self._bytes else self._carry.encode("utf-8")
 
     def feed(self, data: bytes) -> list[tuple[WatchPattern, str]]:
+        return self._feed_bytes(data) if self._bytes else self._feed_text(data)
+
+    def flush(self) -> list[tuple[WatchPattern, str]]:
+        """End of output: the last line, if it had no newline."""
+        if self._bytes:
+            rest, self._bcarry = self._bcarry, b""
+            return self._scan_bytes(rest, 0, len(rest)) if rest else []
+        text = self._carry + self._decoder.decode(b"", final=True)
+        self._carry = ""
+        return self._scan(text) if text else []
+
+    # -- bytes: plain substrings ------------------------------------------------------
+    def _feed_bytes(self, data: bytes) -> list[tuple[WatchPattern, str]]:
+        last = data.rfind(b"\n")
+        if last < 0:
+            self._bcarry += data
+            if len(self._bcarry) > self._max_line:
+                rest, self._bcarry = self._bcarry, b""
+                return self._scan_bytes(rest, 0, len(rest))
+            return []
+        hits: list[tuple[WatchPattern, str]] = []
+        first = data.find(b"\n")
+        # The line in progress ends in this read: join only it, not the read.
+        head = self._bcarry + data[: first + 1] if self._bcarry else None
+        if head is not None:
+            hits += self._scan_bytes(head, 0, len(head))
+            begin = first + 1
+        else:
+            begin = 0
+        if last + 1 > begin:
+            hits += self._scan_bytes(data, begin, last + 1)
+        self._bcarry = data[last + 1 :]
+        if len(self._bcarry) > self._max_line:
+            rest, self._bcarry = self._bcarry, b""
+            hits += self._scan_bytes(rest, 0, len(rest))
+        return hits
+
+    def _scan_bytes(self, buf: bytes, begin: int, end: int) -> list[tuple[WatchPattern, str]]:
+        found: dict[int, tuple[WatchPattern, str]] = {}
+        for p, needle in self._needles:
+            pos = begin
+            while pos < end:
+                at = buf.find(needle, pos, end)
+                if at < 0:
+                    break
+                start = buf.rfind(b"\n", begin, at) + 1 or begin
+                stop = buf.find(b"\n", at, end)
+                if stop < 0:
+                    stop = end
+                if start not in found:
+                    line = buf[start:stop].decode("utf-8", "replace").removesuffix("\r")
+                    found[start] = (p, line)
+                pos = stop + 1
+        return [found[k] for k in sorted(found)]
+
+    # -- text: regexes, case-insensitive ------------------------------------------------
+    def _feed_text(self, data: bytes) -> list[tuple[WatchPattern, str]]:
         text = self._decoder.decode(data)
         if not text:
             return []
@@ -136,12 +203,6 @@ class LineMatcher:
             self._carry = ""
         return hits
 
-    def flush(self) -> list[tuple[WatchPattern, str]]:
-        """End of output: the last line, if it had no newline."""
-        text = self._carry + self._decoder.decode(b"", final=True)
-        self._carry = ""
-        return self._scan(text) if text else []
-
     def _scan(self, text: str) -> list[tuple[WatchPattern, str]]:
         if "\r\n" in text:
             text = text.replace("\r\n", "\n")  # a terminal's line ends, so that $ anchors before them
@@ -158,8 +219,7 @@ class LineMatcher:
                 if end < 0:
                     end = n
                 if start not in found:
-                    line = text[start:end]
-                    line = line.removesuffix("\r")
+                    line = text[start:end].removesuffix("\r")
                     # A regex scan of many lines may match across a newline;
                     # only a match within the line counts.
                     if test(line):

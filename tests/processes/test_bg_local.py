@@ -20,6 +20,7 @@ from hermes_env_core.processes import (
     ProcessError,
     ProcessRegistry,
     ProcessStatus,
+    WatchPattern,
     procinfo,
 )
 from hermes_env_core.processes.checkpoint import Checkpoint
@@ -89,6 +90,14 @@ class TestLocalChild(_Local):
         assert p.wait(30) == 0 and p.output == "main\n"
         local_env.execute(f"echo >{fifo}")
         assert p.wait_for_output("late", 30)
+
+    def test_add_watch_keeps_the_line_in_progress(self, local_env: BaseEnvironment, registry: ProcessRegistry) -> None:
+        p = registry.spawn(local_env, "printf 'par'; read _; printf 'tial line\\n'", watch="nothing")
+        assert p.wait_for_output("par", 30)
+        p.add_watch(["partial", WatchPattern("^nothing$", regex=True)])
+        p.submit("")
+        note = take(registry, NotificationKind.MATCH, p)
+        assert note.text == "partial line" and note.pattern == "partial"
 
     def test_pool_never_reaps_an_environment_with_live_processes(self, registry: ProcessRegistry) -> None:
         now = [0.0]
