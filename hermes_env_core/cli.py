@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from .processes import cli as background_cli
 from .environment.base import BaseEnvironment
 from .environment.result import ExecResult
 from .errors import HermesEnvError
@@ -82,10 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[env_opts, cmd_opts], help="run one command; its exit status is ours")
     p.add_argument("--stdin", action="store_true", help="pass this process's standard input to the command")
+    background_cli.add_run_arguments(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
     )
     p.set_defaults(func=_cmd_run)
+    background_cli.add_subcommands(sub, parents=[env_opts], environment=_environment)
 
     p = sub.add_parser("shell", parents=[env_opts, cmd_opts], help="an interactive prompt over one session")
     p.set_defaults(func=_cmd_shell)
@@ -115,6 +118,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command.strip():
         print(f"{PROG} run: error: no command given", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "background", False):
+        with _environment(args) as env:
+            return background_cli.run_background(args, env, command)
     stdin = sys.stdin.buffer.read() if args.stdin else None
     with _environment(args) as env:
         result = _execute(env, command, cwd=args.cwd, stdin=stdin, out=sys.stdout)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import abc
 import errno
+import logging
 import os
 import select
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -31,6 +33,8 @@ StdinMode = Literal["pipe", "heredoc", "payload"]
 class CancelToken(threading.Event):
     """A ``threading.Event`` named for what it is used for here."""
 
+
+_log = logging.getLogger(__name__)
 
 _POLL_S = 0.02  # how often a quiet command is checked for cancel and exit
 _DRAIN_S = 0.2  # how long to keep reading after bash has exited
@@ -83,6 +87,9 @@ class BaseEnvironment(abc.ABC):
         self._closed = False
         self._notes: list[str] = []
         self._notes_lock = threading.Lock()
+        # Background-process registries following processes in this environment
+        # (hermes_env_core.processes adds itself here).
+        self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # -- what a backend implements ------------------------------------------
     @abc.abstractmethod
@@ -117,7 +124,7 @@ class BaseEnvironment(abc.ABC):
 
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
-        return False
+        return any(r.has_live(self) for r in list(self._process_registries))
 
     # -- helpers a backend may call ------------------------------------------
     def _note(self, text: str) -> None:
@@ -207,7 +214,15 @@ class BaseEnvironment(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        self.cleanup()
+        try:
+            # Background processes die with the environment, unless detached.
+            for registry in list(self._process_registries):
+                try:
+                    registry.close_environment(self)
+                except Exception:  # noqa: BLE001 - cleanup must still run
+                    _log.exception("closing background processes of %r failed", self)
+        finally:
+            self.cleanup()
 
     def __enter__(self) -> BaseEnvironment:
         return self

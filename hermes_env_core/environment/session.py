@@ -418,13 +418,18 @@ def ansi_c_quote(text: str) -> str:
     return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
+_UNSAFE_IN_HEREDOC = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def _with_heredoc(command: str, data: bytes) -> str:
     """Feed ``data`` to ``command`` through a heredoc whose delimiter is not in it."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    if text is None or "\0" in text:
+    # bash mangles its internal quoting bytes (\001, \177) and cannot hold NUL:
+    # such data travels base64-encoded.
+    if text is None or _UNSAFE_IN_HEREDOC.search(text):
         import base64
 
         body = base64.encodebytes(data).decode("ascii")
