@@ -151,33 +151,34 @@ def parse_state_dump(
     )
 
 
-# The trap body. Only builtins, no forks: every external process here would
-# cost about a millisecond per command. ``builtin`` guards against user
-# functions or aliases named like them.
-_SAVE_FN = r"""__hermes_save() {
-builtin unset -f __hermes_save
-builtin unset -v BASH_EXECUTION_STRING 2>/dev/null
-{ builtin declare -p; builtin printf '%s\n' "$__hermes_sep"
-builtin declare -f; builtin printf '%s\n' "$__hermes_sep"
-builtin alias -p; builtin printf '%s\n' "$__hermes_sep"
-builtin umask -p; builtin printf '%s\n%s\n' "$__hermes_so" "$__hermes_sep"
-if [ -n "$__hermes_full" ]; then builtin set +o; builtin shopt -p; fi
-builtin printf '%s\n' "$__hermes_sep"; } >"$__hermes_f" 2>/dev/null
-local __hermes_s= __hermes_d=$PWD
-[ -n "$__hermes_nocd" ] && __hermes_d=
-LC_ALL=C
-if [ -n "$__hermes_local" ]; then
-builtin printf '\036%s:S%d %d 0 2\n%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "$__hermes_d" "$__hermes_n" >&"$__hermes_o"
-return
-fi
-IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
-local __hermes_e=0
-# bash's stdout is line-buffered: without newlines the frame leaves in a few
-# large writes instead of one write per line.
-if [[ $__hermes_s != *$'\037'* ]]; then __hermes_s=${__hermes_s//$'\n'/$'\037'}; __hermes_e=1; fi
-builtin printf '\036%s:S%d %d %d %d\n%s%s\036%s:E\n' "$__hermes_n" "$__hermes_rc" "${#__hermes_d}" "${#__hermes_s}" "$__hermes_e" "$__hermes_d" "$__hermes_s" "$__hermes_n" >&"$__hermes_o"
-}
-"""
+# The trap body, on one line (see ``wrap``). Only builtins, no forks: every
+# external process here would cost about a millisecond per command.
+# ``builtin`` guards against user functions or aliases named like them.
+_SAVE_FN = (
+    "__hermes_save() { "
+    "builtin unset -f __hermes_save; "
+    "builtin unset -v BASH_EXECUTION_STRING 2>/dev/null; "
+    "{ builtin declare -p; builtin printf '%s\\n' \"$__hermes_sep\"; "
+    "builtin declare -f; builtin printf '%s\\n' \"$__hermes_sep\"; "
+    "builtin alias -p; builtin printf '%s\\n' \"$__hermes_sep\"; "
+    "builtin umask -p; builtin printf '%s\\n%s\\n' \"$__hermes_so\" \"$__hermes_sep\"; "
+    "if [ -n \"$__hermes_full\" ]; then builtin set +o; builtin shopt -p; fi; "
+    "builtin printf '%s\\n' \"$__hermes_sep\"; } >\"$__hermes_f\" 2>/dev/null; "
+    "local __hermes_s= __hermes_d=$PWD; "
+    "[ -n \"$__hermes_nocd\" ] && __hermes_d=; "
+    "LC_ALL=C; "
+    "if [ -n \"$__hermes_local\" ]; then "
+    "builtin printf '\\036%s:S%d %d 0 2\\n%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
+    "\"$__hermes_d\" \"$__hermes_n\" >&\"$__hermes_o\"; return; fi; "
+    "IFS= builtin read -r -d '' __hermes_s <\"$__hermes_f\"; "
+    "local __hermes_e=0; "
+    # bash's stdout is line-buffered: without newlines the frame leaves in a
+    # few large writes instead of one write per line.
+    "if [[ $__hermes_s != *$'\\037'* ]]; then __hermes_s=${__hermes_s//$'\\n'/$'\\037'}; __hermes_e=1; fi; "
+    "builtin printf '\\036%s:S%d %d %d %d\\n%s%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
+    "\"${#__hermes_s}\" \"$__hermes_e\" \"$__hermes_d\" \"$__hermes_s\" \"$__hermes_n\" >&\"$__hermes_o\"; "
+    "}"
+)
 
 
 @dataclass(frozen=True)
@@ -302,30 +303,34 @@ class ShellSession:
         parts = [
             _SAVE_FN,
             f"__hermes_n={nonce}; __hermes_sep='{sep}'; __hermes_f={shlex.quote(state_file)}; "
-            f"__hermes_nocd= __hermes_full={'1' if snapshot else ''} __hermes_local={'1' if state_in_file else ''}\n",
-            "trap '{ __hermes_rc=$? __hermes_so=$SHELLOPTS; builtin set +eux +o pipefail; } 2>/dev/null; __hermes_save' EXIT\n",
-            "exec {__hermes_o}>&1 2>&1\n",
+            f"__hermes_nocd= __hermes_full={'1' if snapshot else ''} __hermes_local={'1' if state_in_file else ''}",
+            "trap '{ __hermes_rc=$? __hermes_so=$SHELLOPTS; builtin set +eux +o pipefail; } 2>/dev/null; __hermes_save' EXIT",
+            "exec {__hermes_o}>&1 2>&1",
         ]
         if new_slot:
             # Created once per slot in a subshell, so the user's umask is untouched.
-            parts.append('( builtin umask 077; : >"$__hermes_f" ) 2>/dev/null\n')
+            parts.append('( builtin umask 077; : >"$__hermes_f" ) 2>/dev/null')
         if record_pid:
-            parts.append(pidfile_line())
+            parts.append(pidfile_line().rstrip("\n"))
+        last: list[str] = []
         if state is not None:
-            parts.append(self._restore_text(state, baseline))
+            early, last = self._option_lines(state, baseline)
+            parts += early  # shopt first: extglob and friends change how functions parse
+            parts += self._restore_lines(state, baseline)
         if target_cwd:
             q = _quote_dir(target_cwd)
             parts.append(
                 f"builtin cd -- {q} 2>/dev/null || {{ __hermes_nocd=1; "
-                f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}\n"
+                f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}"
             )
-        if state is not None:
-            parts.append(self._options_text(state, baseline))
-        # The whole preamble is one physical line, so the command's own lines
-        # are numbered as in a plain ``bash -c`` (bash's messages say
-        # "line N"), whatever the size of the restored state.
+        parts += last  # set -o last, xtrace at the very end: nothing of ours is traced
+        # The preamble is one physical line, so the command's own lines are
+        # numbered as in a plain ``bash -c`` whatever the size of the state
+        # (bash's messages say "line N"). Only text that spans lines (function
+        # bodies, aliases) goes through eval; the rest is parsed once.
+        line = "; ".join(p if "\n" not in p else "builtin eval " + ansi_c_quote(p) for p in parts)
         body = _with_heredoc(command, stdin_heredoc) if stdin_heredoc is not None else command
-        script = "builtin eval " + ansi_c_quote("".join(parts)) + "\n" + body + "\n"
+        script = line + "\n" + body + "\n"
         return WrappedCommand(script, nonce, sep, slot, explicit, target_cwd, state_file)
 
     def _take_slot(self) -> int:
@@ -335,6 +340,27 @@ class ShellSession:
     def release(self, wrapped: WrappedCommand) -> None:
         with self._lock:
             self._free_slots.append(wrapped.slot)
+
+    def _restore_lines(self, state: SessionState, baseline: SessionState | None) -> list[str]:
+        """Restore statements: one per variable (never spanning lines), then
+        functions and aliases as one multi-line part."""
+        base_vars = baseline.variables if baseline else {}
+        out = [line for name, line in state.variables.items() if base_vars.get(name) != line]
+        removed = [n for n in base_vars if n not in state.variables]
+        if removed:
+            out.append("builtin unset -v " + " ".join(removed) + " 2>/dev/null")
+        defs = state.functions + ("\n" if state.functions and not state.functions.endswith("\n") else "")
+        defs += state.aliases
+        if defs.strip():
+            out.append(defs if "\n" in defs.rstrip("\n") else defs + "\n")
+        return out
+
+    def _option_lines(self, state: SessionState, baseline: SessionState | None) -> tuple[list[str], list[str]]:
+        """(umask and shopt statements, set -o statements)."""
+        text = self._options_text(state, baseline)
+        early = [ln for ln in text.splitlines() if ln.startswith(("builtin umask", "builtin shopt"))]
+        late = [ln for ln in text.splitlines() if ln.startswith("builtin set ")]
+        return early, late
 
     def _restore_text(self, state: SessionState, baseline: SessionState | None) -> str:
         base_vars = baseline.variables if baseline else {}

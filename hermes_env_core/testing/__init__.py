@@ -201,6 +201,12 @@ class StateConformance(EnvironmentFixture):
         environment.execute("set +o pipefail; shopt -u nullglob")
         assert environment.execute("false | true; echo $?; shopt -q nullglob || echo off").output == "0\noff\n"
 
+    def test_function_using_extglob_survives_restore(self, environment: BaseEnvironment) -> None:
+        # The function body only parses with extglob on: options come back before functions.
+        environment.execute("shopt -s extglob")
+        environment.execute("pick() { case $1 in @(a|b)) echo ab;; *) echo other;; esac; }")
+        assert environment.execute("pick a; pick z").output == "ab\nother\n"
+
     def test_errexit_and_nounset_persist_without_breaking_the_wrapper(self, environment: BaseEnvironment) -> None:
         environment.execute("set -eu")
         r = environment.execute('echo "$HERMES_T_UNDEFINED"; echo not-reached')
