@@ -135,7 +135,7 @@ def _trim_start(data: bytes) -> bytes:
 class FrameSplitter:
     """Routes a byte stream to ``sink`` while lifting out the wrapper's frame.
 
-    The frame is ``MARK S<rc> <cwdlen> <statelen> <enc>\\n <cwd><state> MARK E\\n``
+    The frame is ``MARK S<rc> <cwdlen> <statelen> <enc>\\x1f <cwd><state> MARK E\\n``
     (``enc`` 1: newlines in the state were sent as 0x1f; 2: the state is in
     the state file, which the reader can open itself)
     where MARK holds a per-command nonce, so command output cannot forge it.
@@ -181,7 +181,7 @@ class FrameSplitter:
             chunk = data[idx + len(self._marker) :]
         self._frame += chunk
         if self._mode == 1:
-            nl = self._frame.find(b"\n")
+            nl = self._frame.find(b"\x1f")
             if nl < 0:
                 if len(self._frame) > 64:
                     self._give_up()

@@ -168,14 +168,14 @@ _SAVE_FN = (
     "[ -n \"$__hermes_nocd\" ] && __hermes_d=; "
     "LC_ALL=C; "
     "if [ -n \"$__hermes_local\" ]; then "
-    "builtin printf '\\036%s:S%d %d 0 2\\n%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
+    "builtin printf '\\036%s:S%d %d 0 2\\037%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
     "\"$__hermes_d\" \"$__hermes_n\" >&\"$__hermes_o\"; return; fi; "
     "IFS= builtin read -r -d '' __hermes_s <\"$__hermes_f\"; "
     "local __hermes_e=0; "
-    # bash's stdout is line-buffered: without newlines the frame leaves in a
-    # few large writes instead of one write per line.
+    # bash's stdout is line-buffered: with no newline before its end (the
+    # header ends in 0x1f) the frame leaves in one write, or a few large ones.
     "if [[ $__hermes_s != *$'\\037'* ]]; then __hermes_s=${__hermes_s//$'\\n'/$'\\037'}; __hermes_e=1; fi; "
-    "builtin printf '\\036%s:S%d %d %d %d\\n%s%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
+    "builtin printf '\\036%s:S%d %d %d %d\\037%s%s\\036%s:E\\n' \"$__hermes_n\" \"$__hermes_rc\" \"${#__hermes_d}\" "
     "\"${#__hermes_s}\" \"$__hermes_e\" \"$__hermes_d\" \"$__hermes_s\" \"$__hermes_n\" >&\"$__hermes_o\"; "
     "}"
 )

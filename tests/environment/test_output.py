@@ -11,7 +11,7 @@ MARK = b"\x1eabc123:"
 
 
 def frame(rc: int, cwd: bytes, state: bytes) -> bytes:
-    return MARK + b"S%d %d %d 0\n" % (rc, len(cwd), len(state)) + cwd + state + MARK + b"E\n"
+    return MARK + b"S%d %d %d 0\x1f" % (rc, len(cwd), len(state)) + cwd + state + MARK + b"E\n"
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -99,6 +99,6 @@ def test_oversized_frame_is_dropped_not_leaked(monkeypatch):
     monkeypatch.setattr(out_mod, "_MAX_FRAME_BYTES", 100)
     out = bytearray()
     sp = FrameSplitter(MARK, out.extend)
-    sp.feed(b"visible\n" + MARK + b"S0 1 5000 0\n/" + b"declare -- X=1\n" * 20)
+    sp.feed(b"visible\n" + MARK + b"S0 1 5000 0\x1f/" + b"declare -- X=1\n" * 20)
     sp.flush()
     assert bytes(out) == b"visible\n" and sp.corrupt and sp.frame is None
