@@ -83,24 +83,44 @@ if engine_up; then
     exit 0
 fi
 
-if pgrep -x dockerd >/dev/null 2>&1; then
-    log "dockerd is running (pid $(pgrep -x dockerd | tr '\n' ' ')) but not answering yet; waiting"
-else
-    args=(--bridge=none --iptables=false --ip-masq=false)
+# A killed daemon can linger as a zombie (PID 1 here does not always reap):
+# it must count as gone, for pgrep and for the pid file alike.
+alive() {  # pid
+    local s
+    [[ -r /proc/$1/stat ]] || return 1
+    IFS= read -r s </proc/"$1"/stat 2>/dev/null || return 1
+    s=${s##*) }
+    [[ ${s%% *} != Z ]]
+}
+live_dockerd() {
+    local p
+    for p in $(pgrep -x dockerd 2>/dev/null); do alive "$p" && return 0; done
+    return 1
+}
+starts=0
+start_dockerd() {
+    local args=(--bridge=none --iptables=false --ip-masq=false)
     if dockerd --help 2>&1 | grep -q -- '--ip6tables'; then
         args+=(--ip6tables=false)
     fi
     mkdir -p "$(dirname "$LOG")"
     # A pid file left by a daemon that died would block the new one.
-    if [[ -f /var/run/docker.pid ]] && ! kill -0 "$(cat /var/run/docker.pid 2>/dev/null)" 2>/dev/null; then
+    if [[ -f /var/run/docker.pid ]] && ! alive "$(cat /var/run/docker.pid 2>/dev/null)"; then
         rm -f /var/run/docker.pid
     fi
+    starts=$((starts + 1))
     log "starting dockerd ${args[*]} (log: $LOG)"
     printf '\n==== %s ensure-docker: dockerd %s\n' "$(date -Is)" "${args[*]}" >>"$LOG"
     # New session, no controlling terminal, stdin closed, lock fd not inherited:
     # the daemon outlives this script and the shell that ran it.
     setsid nohup dockerd "${args[@]}" </dev/null >>"$LOG" 2>&1 9>&- &
     disown || true
+}
+
+if live_dockerd; then
+    log "dockerd is running (pid $(pgrep -x dockerd | tr '\n' ' ')) but not answering yet; waiting"
+else
+    start_dockerd
 fi
 
 # Poll at short intervals, bounded by TIMEOUT seconds.
@@ -111,9 +131,14 @@ until engine_up; do
         tail -n 40 "$LOG" >&2 || true
         exit 1
     fi
-    if ! pgrep -x dockerd >/dev/null 2>&1; then
+    if ! live_dockerd; then
         sleep 0.5
         engine_up && break
+        if (( starts < 2 )); then
+            # The one we waited for was dying (or ours failed once): one more start.
+            start_dockerd
+            continue
+        fi
         log "dockerd exited; last lines of $LOG:"
         tail -n 40 "$LOG" >&2 || true
         exit 1
