@@ -229,10 +229,37 @@ def _environment(args: argparse.Namespace) -> Iterator[BaseEnvironment]:
     if getattr(args, "timeout", None) is not None:
         options["timeout"] = args.timeout
     env = factory.create(args.env, option_strings=dict(args.option), **options)
+    if hasattr(env, "sync_progress") and sys.stderr.isatty():
+        env.sync_progress = SyncProgressBar(sys.stderr)
     try:
         yield env
     finally:
         env.close()
+
+
+class SyncProgressBar:
+    """Draws a push's progress on a terminal, for pushes large enough to wait for."""
+
+    MIN_BYTES = 4 * 1024 * 1024
+
+    def __init__(self, stream: Any, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self._lock = threading.Lock()
+
+    def __call__(self, p: Any) -> None:
+        if p.phase != "push" or p.bytes_total < self.MIN_BYTES:
+            return
+        with self._lock:
+            frac = min(p.bytes_done / p.bytes_total, 1.0) if p.bytes_total else 1.0
+            done = int(frac * self.width)
+            bar = "#" * done + "-" * (self.width - done)
+            end = "\n" if p.bytes_done >= p.bytes_total else ""
+            self.stream.write(
+                f"\rsyncing [{bar}] {frac:4.0%} {p.files_done}/{p.files_total} files "
+                f"{p.bytes_done / 1e6:.1f}/{p.bytes_total / 1e6:.1f} MB{end}"
+            )
+            self.stream.flush()
 
 
 # -- backends ------------------------------------------------------------------------

@@ -392,3 +392,21 @@ def test_doctor_for_one_healthy_backend_exits_0(doctor_registry):
 def test_doctor_for_an_unknown_name():
     proc = cli("doctor", "locl")
     assert proc.returncode == 1 and "did you mean 'local'?" in proc.stdout
+
+
+def test_sync_progress_bar_draws_large_pushes_only():
+    import io
+    from types import SimpleNamespace
+
+    from hermes_env_core.cli import SyncProgressBar
+
+    out = io.StringIO()
+    bar = SyncProgressBar(out, width=10)
+    bar(SimpleNamespace(phase="push", files_done=1, files_total=2, bytes_done=10, bytes_total=100))
+    assert out.getvalue() == ""  # small: not worth a bar
+    big = 8 * 1024 * 1024
+    bar(SimpleNamespace(phase="push", files_done=1, files_total=2, bytes_done=big // 2, bytes_total=big))
+    bar(SimpleNamespace(phase="push", files_done=2, files_total=2, bytes_done=big, bytes_total=big))
+    text = out.getvalue()
+    assert "[#####-----]  50% 1/2 files" in text
+    assert text.endswith("[##########] 100% 2/2 files 8.4/8.4 MB\n")

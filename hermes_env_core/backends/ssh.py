@@ -12,6 +12,7 @@ import re
 import shlex
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import KILL_TREE_FN, WrappedCommand, kill_tree_script
 from ..errors import BackendError, ConfigError, EnvironmentUnavailable
+from ..sync import PullResult, SyncEngine, SyncOption, SyncProgress
 
 if TYPE_CHECKING:
     import paramiko
@@ -79,6 +81,10 @@ class SSHConfig(EnvironmentConfig):
     strict_host_key: bool = Field(False, description="Refuse hosts not already in known_hosts.")
     connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect, authenticate or open a channel.")
     keepalive_s: float = Field(30.0, ge=0, description="Seconds between keepalives (0: off).")
+    sync: tuple[SyncOption, ...] = Field(
+        (), description="Host paths pushed before each command and pulled back at close (hermes_env_core.sync)."
+    )
+    sync_interval_s: float = Field(5.0, ge=0, description="Least time between two pushes (HERMES_ENV_FORCE_SYNC=1 skips it).")
 
 
 def _host_label(host: str, port: int) -> str:
@@ -114,6 +120,10 @@ class SSHEnvironment(BaseEnvironment):
         self._remote_dir = ""
         self._bash_login = False  # the login shell is bash: no second bash needed
         self._orphans: list[int] = []  # remote pids of commands cut off by a lost connection
+        #: progress callback for pushes (the CLI shows a bar); set before commands run
+        self.sync_progress: Callable[[SyncProgress], None] | None = None
+        self.last_pull: PullResult | None = None
+        self._sync_engine: SyncEngine | None = None
         self._live()
 
     @classmethod
@@ -295,7 +305,39 @@ class SSHEnvironment(BaseEnvironment):
         assert isinstance(handle, _RemoteBash)
         handle.signal_tree("TERM" if graceful else "KILL")
 
+    # -- file sync -----------------------------------------------------------
+    @property
+    def sync_engine(self) -> SyncEngine | None:
+        """The engine for the configured ``sync`` mappings (None without any)."""
+        cfg: SSHConfig = self.config  # type: ignore[assignment]
+        if self._sync_engine is None and cfg.sync:
+            self._sync_engine = SyncEngine(
+                self.sync_transport(),
+                [m.mapping() for m in cfg.sync],
+                interval=cfg.sync_interval_s,
+                progress=lambda p: self.sync_progress(p) if self.sync_progress else None,
+            )
+        return self._sync_engine
+
+    def _before_execute(self) -> None:
+        engine = self.sync_engine
+        if engine is not None:
+            engine.push()
+
+    def pull_back(self) -> PullResult | None:
+        """Apply the target's changes to the synced host paths (also done at close)."""
+        engine = self.sync_engine
+        if engine is None:
+            return None
+        self.last_pull = engine.pull()
+        return self.last_pull
+
     def cleanup(self) -> None:
+        if self._sync_engine is not None and self._transport is not None:
+            try:
+                self.pull_back()
+            except Exception:  # noqa: BLE001 - the connection must still be released
+                log.exception("ssh: pulling synced files back failed; host files were left as they were")
         t = self._transport
         if t is not None and t.is_active() and self._remote_dir:
             try:

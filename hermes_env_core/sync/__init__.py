@@ -8,6 +8,7 @@ from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS
 from .engine import FORCE_ENV, PushResult, RetryPolicy, SyncEngine, SyncProgress
 from .filters import DEFAULT_EXCLUDES, PathFilter
 from .mapping import SyncMapping
+from .options import SyncOption
 from .paramiko_runner import ParamikoRunner  # imports paramiko only when called
 from .pull import CONFLICT_MARKER, PullResult, SyncConflict
 from .transport import (
@@ -21,6 +22,7 @@ from .transport import (
 )
 
 __all__ = [
+    "SyncOption",
     "CONFLICT_MARKER",
     "DEFAULT_EXCLUDES",
     "DEFAULT_MAX_BYTES",
