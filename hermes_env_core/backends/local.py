@@ -24,7 +24,7 @@ from ..environment.options import EnvironmentConfig
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
 
-__all__ = ["LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "filter_environment"]
+__all__ = ["LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "feed_stdin", "filter_environment"]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
 SECRET_PATTERNS: tuple[str, ...] = (
@@ -136,11 +136,11 @@ class LocalEnvironment(BaseEnvironment):
             if script_r >= 0:
                 os.close(script_r)
         if script_w >= 0:
-            _feed(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
+            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:
             _widen_pipe(proc.stdout.fileno())
         if stdin_data is not None:
-            _feed(proc.stdin, stdin_data)
+            feed_stdin(proc.stdin, stdin_data)
         return proc
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
@@ -171,7 +171,7 @@ def _fast_tmp() -> str | None:
     return None
 
 
-def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+def feed_stdin(pipe: IO[bytes] | None, data: bytes) -> None:
     """Write stdin from a thread so a command that does not read cannot block us."""
     if pipe is None:
         return

@@ -296,9 +296,7 @@ class ShellSession:
             slot = self._take_slot() if new_slot else self._free_slots.pop()
         explicit = cwd is not None
         # A snapshot runs where the shell starts: that is how we learn it.
-        target_cwd = cwd if explicit else (None if snapshot else session_cwd)
-        if explicit and session_cwd and not posixpath.isabs(cwd or "") and not (cwd or "").startswith("~"):
-            target_cwd = posixpath.join(session_cwd, cwd or "")
+        target_cwd = None if snapshot and not explicit else _resolve_cwd(session_cwd, cwd)
         state_file = posixpath.join(self.state_dir, f".hermes-{self.env_id}-{slot}.state")
         parts = [
             _SAVE_FN,
@@ -318,19 +316,10 @@ class ShellSession:
             parts += early  # shopt first: extglob and friends change how functions parse
             parts += self._restore_lines(state, baseline)
         if target_cwd:
-            q = _quote_dir(target_cwd)
-            parts.append(
-                f"builtin cd -- {q} 2>/dev/null || {{ __hermes_nocd=1; "
-                f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}"
-            )
+            parts.append(_cd_line(target_cwd, "__hermes_nocd=1; "))
         parts += last  # set -o last, xtrace at the very end: nothing of ours is traced
-        # The preamble is one physical line, so the command's own lines are
-        # numbered as in a plain ``bash -c`` whatever the size of the state
-        # (bash's messages say "line N"). Only text that spans lines (function
-        # bodies, aliases) goes through eval; the rest is parsed once.
-        line = "; ".join(p if "\n" not in p else "builtin eval " + ansi_c_quote(p) for p in parts)
         body = _with_heredoc(command, stdin_heredoc) if stdin_heredoc is not None else command
-        script = line + "\n" + body + "\n"
+        script = _one_line(parts) + "\n" + body + "\n"
         return WrappedCommand(script, nonce, sep, slot, explicit, target_cwd, state_file)
 
     def _take_slot(self) -> int:
@@ -362,20 +351,22 @@ class ShellSession:
         late = [ln for ln in text.splitlines() if ln.startswith("builtin set ")]
         return early, late
 
-    def _restore_text(self, state: SessionState, baseline: SessionState | None) -> str:
-        base_vars = baseline.variables if baseline else {}
-        lines = [line for name, line in state.variables.items() if base_vars.get(name) != line]
-        removed = [n for n in base_vars if n not in state.variables]
-        out = "\n".join(lines)
-        if out:
-            out += "\n"
-        if removed:
-            out += "builtin unset -v " + " ".join(removed) + " 2>/dev/null\n"
-        if state.functions:
-            out += state.functions if state.functions.endswith("\n") else state.functions + "\n"
-        if state.aliases:
-            out += state.aliases if state.aliases.endswith("\n") else state.aliases + "\n"
-        return out
+    def restore_script(self, command: str, *, cwd: str | None = None) -> str:
+        """``command`` preceded by the session's state and directory, with no
+        state capture: for processes started outside ``execute()``. A
+        directory that cannot be entered exits 126 naming it."""
+        with self._lock:
+            state, baseline, session_cwd = self._state, self._baseline, self._cwd
+        parts: list[str] = []
+        last: list[str] = []
+        if state is not None:
+            early, last = self._option_lines(state, baseline)
+            parts += early + self._restore_lines(state, baseline)
+        target = _resolve_cwd(session_cwd, cwd)
+        if target:
+            parts.append(_cd_line(target))
+        parts += last
+        return (_one_line(parts) + "\n" if parts else "") + command + "\n"
 
     def _options_text(self, state: SessionState, baseline: SessionState | None) -> str:
         base_so = baseline.shellopts if baseline else frozenset()
@@ -428,6 +419,31 @@ class ShellSession:
             state = SessionState(**{**state.__dict__, "cwd": self._cwd})
         self.set_state(state)
         return state
+
+
+def _resolve_cwd(session_cwd: str | None, cwd: str | None) -> str | None:
+    """``cwd`` (a relative one against the session's), else the session's own."""
+    if cwd is None:
+        return session_cwd
+    if session_cwd and not posixpath.isabs(cwd) and not cwd.startswith("~"):
+        return posixpath.join(session_cwd, cwd)
+    return cwd
+
+
+def _cd_line(path: str, on_fail: str = "") -> str:
+    q = _quote_dir(path)
+    return (
+        f"builtin cd -- {q} 2>/dev/null || {{ {on_fail}"
+        f"builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; exit 126; }}"
+    )
+
+
+def _one_line(parts: list[str]) -> str:
+    """Join statements into one physical line, so the command after it is
+    numbered as in a plain ``bash -c`` whatever the size of the state (bash's
+    messages say "line N"). Only text spanning lines (function bodies,
+    aliases) goes through eval; the rest is parsed once."""
+    return "; ".join(p if "\n" not in p else "builtin eval " + ansi_c_quote(p) for p in parts)
 
 
 def _quote_dir(path: str) -> str:

@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from hermes_env_core.backends.ssh import SSHEnvironment
-from hermes_env_core.errors import ConfigError  # noqa: F401  (the backend's validation errors)
+from tests.backends.test_ssh import _make
 
 pytestmark = pytest.mark.ssh
-
-
-def _make(server, tmp_path: Path, **options) -> SSHEnvironment:
-    kw: dict[str, object] = {
-        "host": server.host,
-        "port": server.port,
-        "user": server.user,
-        "key_path": str(server.client_key_path),
-        "use_agent": False,
-        "look_for_keys": False,
-        "known_hosts": str(tmp_path / "known_hosts"),
-        "timeout": 60,
-    }
-    kw.update(options)
-    return SSHEnvironment(**kw)
 
 
 def test_push_before_command_and_pull_back_at_close(sshd_server, tmp_path):

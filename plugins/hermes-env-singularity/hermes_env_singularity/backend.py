@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from hermes_env_core.backends.local import filter_environment
+from hermes_env_core.backends.local import feed_stdin, filter_environment
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import WrappedCommand
@@ -324,9 +324,9 @@ class SingularityEnvironment(BaseEnvironment):
         proc._on_gone = self._mark_gone
         proc._instance = self._instance or ""
         if script_w >= 0:
-            _feed(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
+            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if stdin_data is not None:
-            _feed(proc.stdin, stdin_data)
+            feed_stdin(proc.stdin, stdin_data)
         return proc
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
@@ -390,25 +390,3 @@ def _stop_quietly(runtime: Runtime, name: str, env: Mapping[str, str], grace: in
         stop_instance(runtime, name, env=env, grace=grace)
     except Exception as exc:  # noqa: BLE001 - nothing to report to at this point
         log.warning("singularity: could not stop instance %s: %s", name, exc)
-
-
-def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
-    """Write stdin from a thread so a command that does not read cannot block us."""
-    if pipe is None:
-        return
-
-    def run() -> None:
-        try:
-            pipe.write(data)
-        except (BrokenPipeError, OSError):
-            pass
-        finally:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-
-    if len(data) <= 16384:
-        run()  # fits in the pipe buffer: no thread needed
-    else:
-        threading.Thread(target=run, name="hermes-env-stdin", daemon=True).start()
