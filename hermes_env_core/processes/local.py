@@ -104,6 +104,7 @@ class _Follower:
         #: seconds of silence after which a PTY child is checked for a terminal read
         self.input_wait_s: float | None = None
         self._rearm = threading.Event()  # input was written: a new wait may be reported
+        self._last_output = time.monotonic()
 
     def start(self, proc: BackgroundProcess) -> None:
         self._proc = proc
@@ -153,6 +154,7 @@ class _Follower:
                             poller.unregister(self._fd)
                         elif data:
                             quiet.reset()
+                            self._last_output = time.monotonic()
                             proc._feed(data)
                     elif fd == self._pidfd:
                         poller.unregister(self._pidfd)
@@ -220,6 +222,10 @@ class _Follower:
 
     def _waiting_for_input(self) -> bool:
         return False
+
+    def waiting_now(self, quiet_s: float) -> bool:
+        """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY children)"""
+        return time.monotonic() - self._last_output >= quiet_s and self._waiting_for_input()
 
     # -- control ---------------------------------------------------------------
     def _write_fd(self) -> int:

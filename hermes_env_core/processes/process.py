@@ -212,6 +212,16 @@ class BackgroundProcess:
     def tail(self, chars: int = EXIT_TAIL_CHARS) -> str:
         return self._buffer.tail_text(chars)
 
+    def check_waiting_for_input(self, quiet_s: float = 2.0) -> bool:
+        """Look now: is it blocked reading its terminal, silent for ``quiet_s``? (for listings)"""
+        look = getattr(self._driver, "waiting_now", None)
+        if not self.pty or not self.running or look is None:
+            return False
+        try:
+            return bool(look(quiet_s))
+        except HermesEnvError:
+            return False
+
     def wait(self, timeout: float | None = None) -> int | None:
         """Block until the process ends; its exit code. Raises TimeoutError."""
         if not self._done.wait(timeout):

@@ -211,6 +211,7 @@ class ProcessRegistry:
                     size=window,
                     poll=self.poll,
                 )
+                driver.input_wait_s = self.input_wait_s
         except BaseException:
             if log_file is not None:
                 log_file.close()

@@ -94,3 +94,46 @@ def test_pipe_processes_are_never_reported(env: LocalEnvironment, registry: Proc
 def test_input_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="input_wait_s"):
         ProcessRegistry(input_wait_s=0)
+
+
+# -- in a target: the detached path (followed by polls) on local, docker and ssh --------
+
+
+@pytest.fixture(params=["local", "docker", "ssh"])
+def target(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[tuple[object, bool]]:
+    """(environment, detached) for each target whose processes are followed by polls in it."""
+    if request.param == "local":
+        yield LocalEnvironment(timeout=60), True
+        return
+    if request.param == "docker":
+        from tests.processes.bgsupport import docker_env
+
+        with docker_env() as env:
+            assert env.execute("command -v script").exit_code == 0, "the test image must have script(1)"
+            yield env, False
+        return
+    from tests.processes.bgsupport import ssh_env
+
+    with ssh_env(request.getfixturevalue("sshd_server"), tmp_path) as env:
+        yield env, False
+
+
+def test_prompt_in_a_target_once_per_wait(target: tuple[object, bool], registry: ProcessRegistry) -> None:
+    env, detached = target
+    proc = registry.spawn(
+        env,  # type: ignore[arg-type]
+        "sleep 0.8; read -p 'continue? [y/n] ' a; echo \"answer=$a\"",
+        pty=True,
+        detached=detached,
+    )
+    try:
+        note = take(registry, WAIT, proc, timeout=30)
+        assert note.text == "continue? [y/n] "
+        assert proc.info().waiting_for_input
+        proc.submit("y")
+        assert proc.wait(30) == 0
+        assert "answer=y" in proc.output
+        assert _waits(proc) == ["continue? [y/n] "]  # the silent sleep before it gave none
+    finally:
+        if proc.running:
+            proc.kill()
