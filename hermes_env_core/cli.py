@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from . import mcp as mcp_cli
 from .processes import cli as background_cli
 from .environment.base import BaseEnvironment
 from .environment.result import ExecResult
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check each installed backend's requirements")
     p.add_argument("names", nargs="*", metavar="NAME", help="backends to check (default: all installed)")
     p.set_defaults(func=_cmd_doctor, lists_plugins=True)
+    mcp_cli.add_parser(sub)
     return parser
 
 
