@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from typing import IO
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
@@ -24,7 +26,9 @@ from ..environment.options import EnvironmentConfig
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
 
-__all__ = ["LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "feed_stdin", "filter_environment"]
+__all__ = [
+    "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
+]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
 SECRET_PATTERNS: tuple[str, ...] = (
@@ -36,22 +40,46 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "OPENROUTER_API_KEY", "GROQ_API_KEY", "MISTRAL_API_KEY", "COHERE_API_KEY", "TOGETHER_API_KEY",
     "DEEPSEEK_API_KEY", "XAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "NPM_TOKEN",
     "PYPI_TOKEN", "TWINE_PASSWORD", "DOCKER_AUTH_CONFIG", "SSH_AUTH_SOCK",
+    "PGPASSWORD", "MYSQL_PWD", "SECRET_KEY", "PRIVATE_KEY", "*_CONNECTION_STRING",
 )
 
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Where a value may carry a URL with credentials: a scheme, then "://".
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_URL_END = re.compile(r"[\s,;'\"<>]")
+
 _SCRIPT_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
+
+
+def carries_url_password(value: str) -> bool:
+    """True when ``value`` holds a URL whose user part has a password (``scheme://u:p@host``)."""
+    for start in _URL_START.finditer(value):
+        end = _URL_END.search(value, start.end())
+        url = value[start.start() : end.start() if end else len(value)]
+        try:
+            password = urlsplit(url).password
+        except ValueError:  # e.g. an unbalanced "[" in the host: not a URL we can read
+            continue
+        if password:
+            return True
+    return False
 
 
 def filter_environment(
     env: Mapping[str, str], *, passthrough: tuple[str, ...] = (), extra_blocked: tuple[str, ...] = ()
 ) -> dict[str, str]:
-    """``env`` without secret-looking names, except those matching ``passthrough``."""
+    """``env`` without secret-looking names or values, except names matching ``passthrough``.
+
+    A value is secret-looking when it holds a URL with a password in it
+    (``DATABASE_URL=postgres://user:pass@host/db``).
+    """
     blocked = tuple(p.upper() for p in SECRET_PATTERNS + extra_blocked)
     allowed = tuple(p.upper() for p in passthrough)
     out: dict[str, str] = {}
     for name, value in env.items():
         up = name.upper()
-        if any(fnmatch.fnmatchcase(up, p) for p in allowed) or not any(
-            fnmatch.fnmatchcase(up, p) for p in blocked
+        if any(fnmatch.fnmatchcase(up, p) for p in allowed) or not (
+            any(fnmatch.fnmatchcase(up, p) for p in blocked) or carries_url_password(value)
         ):
             out[name] = value
     return out
@@ -64,6 +92,14 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"local: env key {name!r} is not a valid variable name (letters, digits, _; not first a digit)")
+        return v
 
 
 class _GroupPopen(subprocess.Popen):  # type: ignore[type-arg]
