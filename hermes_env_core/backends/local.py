@@ -1,7 +1,8 @@
 """The local backend: commands run as child processes of this one.
 
-Each command gets a new session (its own process group), so a timeout ends the
-whole tree; the child environment has secrets filtered out.
+Each command gets a new session and, where one can be made, its own cgroup, so
+a timeout ends everything it started; the child environment has secrets
+filtered out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import IO
 from urllib.parse import urlsplit
 
+import psutil
 from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
@@ -25,6 +27,7 @@ from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
+from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all
 
 __all__ = [
     "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
@@ -102,20 +105,46 @@ class LocalConfig(EnvironmentConfig):
         return v
 
 
-class _GroupPopen(subprocess.Popen):  # type: ignore[type-arg]
-    """A Popen whose terminate and kill reach its whole process group."""
+class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """A command's bash; terminate and kill reach every process it started.
 
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    Those are the members of its cgroup (when one could be made) and of its
+    process tree and group as seen before each signal. ``wait()`` returns once
+    bash has exited and, after a kill, once the rest is gone too.
+    """
+
+    cgroup: CommandCgroup | None = None
+    tree: ProcessTree | None = None
+    stopping = False
+
+    def _stop(self, sig: int) -> None:
+        self.stopping = True
+        if self.tree is None:
+            self.tree = ProcessTree(self.pid)
+        stop_all(self.cgroup, self.tree, sig)
 
     def terminate(self) -> None:
-        self._signal_group(signal.SIGTERM)
+        self._stop(signal.SIGTERM)
 
     def kill(self) -> None:
-        self._signal_group(signal.SIGKILL)
+        self._stop(signal.SIGKILL)
+
+    def tree_alive(self) -> bool:
+        if self.cgroup is not None and self.cgroup.populated():
+            return True
+        if self.tree is None:
+            return self.poll() is None
+        self.tree.refresh()
+        return bool(self.tree.alive())
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        if self.stopping and self.tree is not None:
+            psutil.wait_procs(self.tree.alive(), timeout=5.0)
+        cg, self.cgroup = self.cgroup, None
+        if cg is not None:
+            cg.release(keep_alive=not self.stopping)
+        return code
 
 
 class LocalEnvironment(BaseEnvironment):
@@ -146,6 +175,11 @@ class LocalEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         args = [self._bash, "-l"] if login else [self._bash]
+        cgroup = _new_cgroup()
+        if cgroup is not None:
+            # bash joins its cgroup before it can start anything: a shell moves
+            # itself there, then becomes bash.
+            args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
         pass_fds: tuple[int, ...] = ()
         script_r = script_w = -1
         if len(script) > _SCRIPT_ARG_LIMIT:
@@ -156,7 +190,7 @@ class LocalEnvironment(BaseEnvironment):
         else:
             args += ["-c", script, "bash"]
         try:
-            proc = _GroupPopen(
+            proc = _CommandPopen(
                 args,
                 stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -167,10 +201,13 @@ class LocalEnvironment(BaseEnvironment):
                 cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
             )
         except OSError as exc:
+            if cgroup is not None:
+                cgroup.release(keep_alive=False)
             raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
         finally:
             if script_r >= 0:
                 os.close(script_r)
+        proc.cgroup = cgroup
         if script_w >= 0:
             feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:
@@ -185,8 +222,24 @@ class LocalEnvironment(BaseEnvironment):
         else:
             handle.kill()
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
+
     def cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'
+
+
+def _new_cgroup() -> CommandCgroup | None:
+    pool = cgroup_pool()
+    if pool is None or not os.path.exists("/bin/sh"):
+        return None
+    try:
+        return CommandCgroup(*pool)
+    except OSError:
+        return None
 
 
 def _widen_pipe(fd: int) -> None:
