@@ -22,6 +22,7 @@ import hermes_env_core.backends._local_tree as local_tree
 from hermes_env_core.backends.local import LocalEnvironment
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.errors import EnvironmentClosedError
+from hermes_env_core.testing import wait_until
 
 GONE_WITHIN_S = 15.0  # remote kills run as helper commands; bounded, never a fixed sleep
 
@@ -162,8 +163,9 @@ def test_background_job_of_a_finished_command_keeps_running(make_env):
     env = make_env()
     r = env.execute(f"nohup sleep {token} </dev/null >/dev/null 2>&1 &")
     assert r.exit_code == 0
+    # The job may not have exec'd its sleep yet when the command returns.
+    assert wait_until(lambda: len(_procs(token)) == 1, timeout=10)
     procs = _procs(token)
-    assert len(procs) == 1
     # A later timeout does not take it along.
     assert env.execute("sleep 100", timeout=0.5).timed_out
     assert procs[0].is_running() and procs[0].status() != psutil.STATUS_ZOMBIE
