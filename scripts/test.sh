@@ -31,7 +31,7 @@ PY=$VENV/bin/python
 for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example; do
     "$PY" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
 done
-"$PY" -m pip install -q -e ".[docker,ssh,test]" || die "pip install of the core failed"
+"$PY" -m pip install -q -e ".[docker,ssh,test,mcp]" || die "pip install of the core failed"
 
 status=0
 run_suite() {  # name, then pytest arguments

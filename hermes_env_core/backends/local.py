@@ -10,11 +10,13 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO
 from urllib.parse import urlsplit
@@ -25,6 +27,7 @@ from pydantic import Field, field_validator
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
+from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all
@@ -111,8 +114,12 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     Those are the members of its cgroup (when one could be made) and of its
     process tree and group as seen before each signal. ``wait()`` returns once
     bash has exited and, after a kill, once the rest is gone too.
+
+    It reaps bash itself with ``wait4``, so the kernel's accounting of the
+    command's tree (every process bash waited for) comes back as ``usage``.
     """
 
+    usage: Usage | None = None
     cgroup: CommandCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
@@ -137,14 +144,64 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         self.tree.refresh()
         return bool(self.tree.alive())
 
+    def _reap4(self, flags: int) -> None:
+        try:
+            pid, status, ru = os.wait4(self.pid, flags)
+        except ChildProcessError:
+            if self.returncode is None:
+                self.returncode = 0  # reaped elsewhere; as Popen itself reports it
+            return
+        except InterruptedError:
+            return
+        if pid:
+            self.usage = Usage(
+                cpu_user_s=ru.ru_utime,
+                cpu_system_s=ru.ru_stime,
+                max_rss_bytes=ru.ru_maxrss * 1024,  # kilobytes on Linux
+                oom_killed=None,
+            )
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap4(os.WNOHANG)
+        return self.returncode
+
     def wait(self, timeout: float | None = None) -> int:
-        code = super().wait(timeout)
+        code = self._wait_bash(timeout)
         if self.stopping and self.tree is not None:
             psutil.wait_procs(self.tree.alive(), timeout=5.0)
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
             cg.release(keep_alive=not self.stopping)
         return code
+
+    def _wait_bash(self, timeout: float | None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            while self.returncode is None:
+                self._reap4(0)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._reap4(os.WNOHANG)
+            pidfd = -1
+        try:
+            while self.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.01))
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        return self.returncode
 
 
 class LocalEnvironment(BaseEnvironment):
