@@ -340,7 +340,8 @@ class KubernetesEnvironment(BaseEnvironment):
         return pod.status.phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
 
     # -- exec ----------------------------------------------------------------------------------
-    def _start(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True) -> _Exec:
+    def _start(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True,
+               resync: bool = False) -> _Exec:
         data = script.encode("utf-8", "surrogateescape")
         for attempt in range(2):
             pod = self._pod()
@@ -366,14 +367,16 @@ class KubernetesEnvironment(BaseEnvironment):
                 self._note(f"environment recreated: pod {pod} was gone; a new pod was started and the shell state "
                            "restored (files written before are lost)")
                 if self._sync is not None:
-                    self._sync.reset()
+                    self._sync.reset()  # the new pod gets every file again
+                    if resync:
+                        self._sync.push(force=True)
                 continue
             self._v5 = ws.subprotocol == "v5.channel.k8s.io"
             return _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
         raise AssertionError("unreachable")
 
     def _run_bash(self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None) -> ProcessHandle:
-        return self._start(script, stdin_data, login=login)
+        return self._start(script, stdin_data, login=login, resync=True)
 
     def _helper(self, script: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
         h = self._start(script, stdin, merge=False)
