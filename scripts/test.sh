@@ -21,6 +21,13 @@ if [ -d plugins/hermes-env-singularity ]; then
     bash scripts/install-apptainer.sh || die "could not install apptainer"
 fi
 
+# The TypeScript MCP SDK client test (tests/mcp) needs node, npm and @modelcontextprotocol/sdk.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } \
+        || die "could not install nodejs and npm"
+fi
+(cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in tests/mcp/ts failed"
+
 step "python environment ($VENV)"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV" || die "python3 -m venv failed"
