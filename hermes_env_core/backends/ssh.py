@@ -22,7 +22,7 @@ from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import KILL_TREE_FN, WrappedCommand
-from ..errors import BackendError, ConfigError, EnvironmentUnavailable
+from ..errors import BackendError, ConfigError, EnvironmentUnavailable, UnsafeArchiveError
 from ..sync import PullResult, SyncEngine, SyncOption, SyncProgress
 from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
@@ -337,18 +337,32 @@ class SSHEnvironment(BaseEnvironment):
             engine.push()
 
     def pull_back(self) -> PullResult | None:
-        """Apply the target's changes to the synced host paths (also done at close)."""
+        """Apply the target's changes to the synced host paths (also done at close).
+
+        Entries skipped as unsafe, and an archive refused as tampering (which
+        raises ``UnsafeArchiveError``), are in ``last_pull`` and in a note on
+        the next result.
+        """
         engine = self.sync_engine
         if engine is None:
             return None
-        self.last_pull = engine.pull()
+        try:
+            self.last_pull = engine.pull()
+        except UnsafeArchiveError as exc:
+            if isinstance(exc.report, PullResult):
+                self.last_pull = exc.report
+                for note in exc.report.notes:
+                    self._note(note)
+            raise
+        for note in self.last_pull.notes:
+            self._note(note)
         return self.last_pull
 
     def cleanup(self) -> None:
         if self._sync_engine is not None and self._transport is not None:
             try:
                 self.pull_back()
-            except Exception:  # noqa: BLE001 - the connection must still be released
+            except Exception:  # noqa: BLE001 - the connection must still be released; last_pull says what happened
                 log.exception("ssh: pulling synced files back failed; host files were left as they were")
         t = self._transport
         if t is not None and t.is_active() and self._remote_dir:
