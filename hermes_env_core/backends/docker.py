@@ -19,6 +19,7 @@ from ..environment.options import EnvironmentConfig
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
+from ..config import memory_bytes
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
 from ._docker_exec import KILL_DONE, MARKER_VAR, ExecHandle, kill_script
 
@@ -251,7 +252,7 @@ class DockerEnvironment(BaseEnvironment):
             path: f"rw,{flags},nosuid,nodev,size={parse_size(size)},mode={'755' if path == '/run' else '1777'}"
             for path, size in cfg.tmpfs.items()
         }
-        memory = parse_size(cfg.memory) if cfg.memory else None
+        memory = memory_bytes(cfg.memory) if cfg.memory else None
         return self._api.create_host_config(
             cap_drop=["ALL"],
             cap_add=list(cfg.cap_add) or None,
@@ -259,7 +260,7 @@ class DockerEnvironment(BaseEnvironment):
             pids_limit=cfg.pids_limit,
             mem_limit=memory,
             memswap_limit=memory,
-            nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
+            nano_cpus=int(cfg.cpu * 1e9) if cfg.cpu else None,
             read_only=cfg.read_only_root,
             tmpfs=tmpfs or None,
             network_mode=cfg.network_mode,

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..environment.base import BaseEnvironment
-from ..errors import HermesEnvError
+from ..errors import HermesEnvError, UsageError
 from .checkpoint import default_checkpoint_path
 from .process import BackgroundProcess, ProcessStatus
 from .registry import ProcessRegistry, env_key
@@ -146,7 +146,7 @@ def _find(reg: ProcessRegistry, env: BaseEnvironment, process_id: str) -> tuple[
                     f"open that environment (--env {rec.get('backend')} -o task_id={rec.get('task_id')})"
                 )
             return None, rec
-    raise HermesEnvError(f"no background process {process_id!r} (see `hermes-env ps`)")
+    raise UsageError(f"no background process {process_id!r} (see `hermes-env ps`)")
 
 
 def cmd_logs(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
@@ -243,3 +243,8 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def keep_alive(factory: Any, resolved: Any, name: str | None, option_strings: dict[str, str], options: dict[str, Any]) -> Any:
+    """The configuration for an environment a detached process must outlive (placeholder)."""
+    return resolved
