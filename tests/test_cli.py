@@ -262,7 +262,7 @@ def test_shell_in_a_terminal_ctrl_c_cancels_the_command_not_the_shell(tmp_path):
     # Everything the child needs is computed before fork: this process has
     # threads, and the child may only call async-signal-safe functions.
     argv = [sys.executable, "-m", "hermes_env_core.cli", "shell"]
-    env = clean_env(TERM="dumb", INPUTRC="/dev/null")
+    env = clean_env(TERM="dumb", INPUTRC="/dev/null", XDG_STATE_HOME=str(tmp_path))
     where = str(tmp_path)
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI with the pty as its controlling terminal

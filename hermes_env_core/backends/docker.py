@@ -97,6 +97,8 @@ class DockerEnvironment(BaseEnvironment):
     stdin_mode: ClassVar[Literal["pipe"]] = "pipe"
     records_pid: ClassVar[bool] = False  # the tree is found by a marker in the exec's environment
     config_model: ClassVar[type[EnvironmentConfig]] = DockerConfig
+    #: What keeps the container after close, for a detached background process (found again by task id).
+    background_options: ClassVar[dict[str, Any]] = {"persistent": True}
 
     def __init__(self, config: DockerConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -120,6 +122,21 @@ class DockerEnvironment(BaseEnvironment):
             raise
 
     # -- public -----------------------------------------------------------------------
+    @classmethod
+    def target_exists(cls, config: DockerConfig) -> bool:
+        """Whether the persistent container of ``config.task_id`` exists, asked without creating anything."""
+        if not (config.persistent and config.task_id):
+            return False
+        docker = _sdk()
+        api, host = _engine(config.docker_host)
+        try:
+            api.inspect_container(reaper.container_name(config.task_id, persistent=True))
+            return True
+        except docker.errors.NotFound:
+            return False
+        except Exception as exc:
+            raise EnvironmentUnavailable(f"docker: cannot reach the Docker engine at {host}: {exc}") from exc
+
     @property
     def container_id(self) -> str | None:
         return self._box["id"]

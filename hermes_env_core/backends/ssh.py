@@ -97,6 +97,8 @@ class SSHEnvironment(BaseEnvironment):
     """Runs commands on a remote host; every command is a channel of one Transport."""
 
     name = "ssh"
+    #: A detached background process needs nothing to outlive close: the host stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     # The remote bash's pid reaches us first thing on its channel, so the
     # wrapper need not write a pidfile (which a quick timeout could outrun,
