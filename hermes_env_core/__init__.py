@@ -25,11 +25,13 @@ from .environment import (
     EXIT_TIMEOUT,
     BaseEnvironment,
     CancelToken,
+    EndReason,
     EnvironmentConfig,
     ExecResult,
     ProcessHandle,
     StdinMode,
     ThreadedProcessHandle,
+    Usage,
 )
 from .errors import (
     BackendError,
@@ -82,7 +84,9 @@ __all__ = [
     "EnvironmentFactory",
     "EnvironmentPool",
     "EnvironmentUnavailable",
+    "EndReason",
     "ExecResult",
+    "Usage",
     "HermesEnvError",
     "IgnoredSetting",
     "MemorySize",

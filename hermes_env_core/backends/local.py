@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO
 
@@ -21,6 +23,7 @@ from pydantic import Field
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
+from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
 
@@ -67,7 +70,63 @@ class LocalConfig(EnvironmentConfig):
 
 
 class _GroupPopen(subprocess.Popen):  # type: ignore[type-arg]
-    """A Popen whose terminate and kill reach its whole process group."""
+    """A Popen whose terminate and kill reach its whole process group.
+
+    It reaps bash itself with ``wait4``, so the kernel's accounting of the
+    command's tree (every process bash waited for) comes back as ``usage``.
+    """
+
+    usage: Usage | None = None
+
+    def _reap4(self, flags: int) -> None:
+        try:
+            pid, status, ru = os.wait4(self.pid, flags)
+        except ChildProcessError:
+            if self.returncode is None:
+                self.returncode = 0  # reaped elsewhere; as Popen itself reports it
+            return
+        except InterruptedError:
+            return
+        if pid:
+            self.usage = Usage(
+                cpu_user_s=ru.ru_utime,
+                cpu_system_s=ru.ru_stime,
+                max_rss_bytes=ru.ru_maxrss * 1024,  # kilobytes on Linux
+                oom_killed=None,
+            )
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap4(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            while self.returncode is None:
+                self._reap4(0)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._reap4(os.WNOHANG)
+            pidfd = -1
+        try:
+            while self.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.01))
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        return self.returncode
 
     def _signal_group(self, sig: int) -> None:
         try:

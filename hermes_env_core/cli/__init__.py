@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .. import mcp as mcp_cli
+from ..environment.result import ExecResult
 from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
@@ -36,7 +38,7 @@ from .common import (
     print_notes,
 )
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SyncProgressBar", "build_parser", "exit_status_of", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SyncProgressBar", "build_parser", "exit_status_of", "format_stats", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[env_opts, cmd_opts],
     )
     p.add_argument("--stdin", action="store_true", help="pass this process's standard input to the command")
+    p.add_argument("--stats", action="store_true", help="after the output, print what the command cost (on stderr)")
     background_cli.add_run_arguments(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
@@ -115,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=shell.cmd_shell)
 
     info.add_commands(sub, env_opts)
+    mcp_cli.add_parser(sub)
     return parser
 
 
@@ -135,7 +139,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with environment(args) as env:
         result = execute(env, command, cwd=args.cwd, stdin=stdin, out=sys.stdout)
     print_notes(result)
+    if args.stats:
+        print(format_stats(result), file=sys.stderr)
     return result.exit_code
+
+
+def format_stats(result: ExecResult) -> str:
+    """One line: why it ended, how long, CPU and peak memory (``?`` where the target cannot tell)."""
+    u = result.usage
+
+    def secs(v: float | None) -> str:
+        return "?" if v is None else f"{v:.3f}s"
+
+    ended = str(result.end_reason) + (f" (signal {result.signal})" if result.signal else "")
+    rss = "?" if u.max_rss_bytes is None else f"{u.max_rss_bytes / 1048576:.1f} MiB"
+    oom = "" if u.oom_killed is None else f"  oom_killed {str(u.oom_killed).lower()}"
+    return (
+        f"[stats] {ended}, exit {result.exit_code}, wall {result.duration_s:.3f}s, "
+        f"cpu user {secs(u.cpu_user_s)} sys {secs(u.cpu_system_s)}, max rss {rss}{oom}"
+    )
 
 
 @contextlib.contextmanager

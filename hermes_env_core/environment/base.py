@@ -21,8 +21,9 @@ from typing import Any, ClassVar, Literal
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
+from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
-from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, ExecResult
+from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 from .session import ShellSession, StateParseError, WrappedCommand
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
@@ -44,7 +45,7 @@ _MAX_READ = 1 << 20
 class _Run:
     """Result of driving one wrapped script to its end."""
 
-    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes")
+    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes", "usage", "signal")
 
     def __init__(self) -> None:
         self.captured = None
@@ -54,6 +55,8 @@ class _Run:
         self.interrupted = False
         self.corrupt = False
         self.notes: tuple[str, ...] = ()
+        self.usage: Usage | None = None  # what the handle measured
+        self.signal: int | None = None  # the signal that ended bash itself
 
 
 class BaseEnvironment(abc.ABC):
@@ -196,6 +199,13 @@ class BaseEnvironment(abc.ABC):
             notes.append(f"command timed out after {eff_timeout:g}s")
         cap = run.captured
         assert cap is not None
+        if data is None and exit_code != 0 and (sign := wanted_input(cap.text)) is not None:
+            notes.append(
+                f"the command wanted input ({sign!r}) but had none: it runs with stdin at end of input and no "
+                "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
+            )
+        usage = run.usage or Usage()
+        reason, sig = _end_reason(run, exit_code, usage)
         return ExecResult(
             output=cap.text,
             exit_code=exit_code,
@@ -207,6 +217,9 @@ class BaseEnvironment(abc.ABC):
             output_path=cap.spill_path,
             dropped_bytes=cap.dropped_bytes,
             notes=tuple(notes),
+            usage=usage,
+            end_reason=reason,
+            signal=sig,
         )
 
     def close(self) -> None:
@@ -372,6 +385,8 @@ class BaseEnvironment(abc.ABC):
             code = self._reap(handle, finished=splitter.done or reason is None)
             # Per-command facts a handle knows (OOM, recreated): on this result only.
             run.notes = tuple(getattr(handle, "notes", ()) or ())
+            run.usage = getattr(handle, "usage", None)
+            run.signal = -code if code < 0 else None
         finally:
             try:
                 stdout.close()
@@ -427,6 +442,20 @@ class BaseEnvironment(abc.ABC):
                 handle.kill()
                 return handle.wait(timeout=5.0)
             raise BackendError(f"{self.name}: lost the command: {exc!r}") from exc
+
+
+def _end_reason(run: _Run, exit_code: int, usage: Usage) -> tuple[EndReason, int | None]:
+    if run.timed_out:
+        return EndReason.TIMED_OUT, None
+    if run.interrupted:
+        return EndReason.CANCELLED, None
+    if usage.oom_killed:
+        return EndReason.OOM_KILLED, 9
+    if run.signal is not None:
+        return EndReason.SIGNALED, run.signal
+    if 128 < exit_code <= 128 + 64:
+        return EndReason.SIGNALED, exit_code - 128
+    return EndReason.EXITED, None
 
 
 def _frame(raw: tuple[int, str, str]):

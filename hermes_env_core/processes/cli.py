@@ -394,6 +394,9 @@ def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
         for item in found.values():
             if item.proc is not None:
                 row = _row_of(item.proc.info().__dict__)
+                row["waiting_for_input"] = item.proc.waiting_for_input or item.proc.check_waiting_for_input(
+                    reg.input_wait_s or 2.0
+                )
                 driver = _driver(item)
                 hits: list[tuple[WatchPattern, str]] = []
                 if driver is not None and item.proc.patterns:
@@ -418,7 +421,8 @@ def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
     table = [["ID", "STATUS", "PID", "EXIT", "WHERE", "STARTED", "WATCH", "COMMAND"]]
     for r in rows:
         started = time.strftime("%H:%M:%S", time.localtime(r["started_at"])) if r["started_at"] else "-"
-        table.append([r["id"], r["status"], str(r["pid"] or "-"), "-" if r["exit_code"] is None else str(r["exit_code"]),
+        status = "waiting-input" if r.get("waiting_for_input") else r["status"]
+        table.append([r["id"], status, str(r["pid"] or "-"), "-" if r["exit_code"] is None else str(r["exit_code"]),
                       r["where"], started, _watch_cell(r), r["command"].replace("\n", " ")[:60]])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
@@ -453,6 +457,7 @@ def _row_of(rec: dict[str, Any], note: str | None = None) -> dict[str, Any]:
         "watch": [str(WatchPattern.from_record(w)) for w in rec.get("watch") or ()],
         "matches": [],
         "match_count": 0,
+        "waiting_for_input": False,
     }
 
 

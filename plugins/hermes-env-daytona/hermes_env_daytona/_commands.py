@@ -51,15 +51,16 @@ def live_prefix(out_path: str) -> str:
     return f"exec >{shlex.quote(out_path)} 2>&1 </dev/null; "
 
 
-def bash_line(script: str, *, login: bool, direct: bool) -> str:
-    """The exec command line that runs ``script`` in bash.
+def bash_line(script: str, *, login: bool) -> str:
+    """The command line that runs ``script`` in bash, whatever shell the daemon uses.
 
-    ``direct``: the sandbox already runs commands with a non-login bash, so it
-    runs the script itself; otherwise (zsh, sh) the shell becomes bash.
-    Either way the script's first line is its own first line.
+    The daemon starts zsh, bash or sh (the first its image lists) and writes
+    the command line to that shell's stdin. The script must never be that
+    input itself: its first line moves stdin (``exec ... </dev/null``), and a
+    shell reading its commands from stdin stops there. So the daemon's shell
+    only reads this one line and becomes bash, which gets the script as an
+    argument.
     """
-    if direct and not login:
-        return script
     return f"exec bash{' -l' if login else ''} -c {shlex.quote(script)}"
 
 

@@ -80,7 +80,6 @@ class DaytonaEnvironment(BaseEnvironment):
         self._home_of: str | None = None
         self._live = threading.local()
         self._pids: dict[str, int] = {}
-        self._shells: dict[str, bool] = {}
         self._resources = self._capped_resources()
         self._sync: SyncEngine | None = None
         self._push_lock = threading.Lock()
@@ -355,7 +354,7 @@ class DaytonaEnvironment(BaseEnvironment):
         live = bool(getattr(self._live, "on", False))
         out = f"{self._state_dir()}/.hermes-{_safe_name(self.task_id)}-{nonce or secrets.token_hex(12)}.out"
         prefix = live_prefix(out) if live else relay_prefix(nonce)
-        command = bash_line(prefix + script, login=login, direct=self._direct(sb))
+        command = bash_line(prefix + script, login=login)
         if len(command.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
             # Too long for one argv string: the script goes up as a file that deletes itself.
             path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
@@ -388,24 +387,9 @@ class DaytonaEnvironment(BaseEnvironment):
 
         return _Handle(live_target, name="hermes-daytona-exec")
 
-    def _direct(self, sb: Any) -> bool:
-        """Whether the sandbox runs commands with a plain (non-login) bash, asked once per sandbox."""
-        known = self._shells.get(sb.id)
-        if known is None:
-            res = self._exec(
-                "printf '%s|%s|%s' \"${BASH_VERSION-}\" \"$-\" \"$(shopt -q login_shell 2>/dev/null && echo L)\"",
-                what="asking which shell runs commands",
-            )
-            version, _, rest = (res.result or "").partition("|")
-            flags, _, login = rest.partition("|")
-            known = bool(version.strip()) and "i" not in flags and not login.strip()
-            self._shells[sb.id] = known
-        return known
-
     def run_script(self, script: str, what: str, *, timeout: int | None = _AUX_TIMEOUT_S) -> Any:
         """Run a short bash ``script`` in the sandbox; the SDK's response (``exit_code``, ``result``)."""
-        sb = self._ready()
-        return self._exec(bash_line(script, login=False, direct=self._direct(sb)), timeout=timeout, what=what)
+        return self._exec(bash_line(script, login=False), timeout=timeout, what=what)
 
     def _aux(self, script: str, what: str) -> str:
         """A short helper script's output; BackendError when it cannot run."""

@@ -115,6 +115,7 @@ class ControlPlane:
                 auto_delete_interval=spec.auto_delete_interval if spec.auto_delete_interval is not None else -1,
                 network_block_all=bool(spec.network_block_all),
                 create_request=body,
+                profile=self.emu.profile_of(snapshot or DEFAULT_SNAPSHOT),
             )
             self.emu.add(sb)
         forced = self.emu.pop_create_state()

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from .control import ControlPlane
 from .errors import SOURCE_API, HttpError
 from .events import EventHub
+from .images import DEBIAN, DEFAULT_PROFILES, ImageProfile, profile_for
 from .sandboxes import EmulatedSandbox
 from .toolbox import Toolbox
 from .wire import MAX_BODY_BYTES, Request, Response, Router, json_response
@@ -166,7 +167,9 @@ class DaytonaEmulator:
         ``transition_delay``          seconds a start/stop/create spends in its transitional state
         ``max_total_cpu``             quota: creating past it fails with ``quota_status`` (403)
         ``max_exec_seconds``          ceiling on any command (default 600 s)
-        ``exec_shell``                what runs ``process.exec`` commands (default bash; "sh" as a non-bash stand-in for zsh)
+        ``image_profiles``            image name -> ``ImageProfile`` (its /etc/shells, whether it has bash);
+                                      the daemon's shell is picked from it (see ``images.py``)
+        ``default_profile``           the profile of a sandbox whose image is not in ``image_profiles``
         ``advertise_toolbox_url``     False: DTOs omit ``toolboxProxyUrl`` (SDK fetches it)
     """
 
@@ -186,7 +189,8 @@ class DaytonaEmulator:
         self.max_total_cpu: int | None = None
         self.quota_status = 403
         self.max_exec_seconds = 600.0
-        self.exec_shell = "bash"
+        self.image_profiles: dict[str, ImageProfile] = dict(DEFAULT_PROFILES)
+        self.default_profile: ImageProfile = DEBIAN
         self.advertise_toolbox_url = True
         self.events = EventHub(self)
         self._router = Router()
@@ -346,6 +350,9 @@ class DaytonaEmulator:
     def all_sandboxes(self) -> list[EmulatedSandbox]:
         with self.lock:
             return list(self._sandboxes.values())
+
+    def profile_of(self, image: str | None) -> ImageProfile:
+        return profile_for(image, self.image_profiles, self.default_profile)
 
     def add(self, sb: EmulatedSandbox) -> None:
         with self.lock:

@@ -82,6 +82,13 @@ class ProcessTable:
             return len(self._procs)
 
 
+def go_exit_code(returncode: int | None) -> int:
+    """``ProcessState.ExitCode()`` as Go reports it: -1 for a process ended by a signal."""
+    if returncode is None or returncode < 0:
+        return -1
+    return returncode
+
+
 def run_command(
     command: str,
     *,
@@ -89,22 +96,29 @@ def run_command(
     env: dict[str, str],
     timeout: float,
     table: ProcessTable,
-    shell: str = "bash",
+    shell: str,
 ) -> ExecOutcome:
-    """``<shell> -c command`` with stdout and stderr merged, killed as a group at ``timeout``."""
+    """``shell`` with ``command`` written to its stdin, output merged, killed as a group at ``timeout``.
+
+    As the daemon's ``buildExecCmd`` (apps/daemon/pkg/toolbox/process/execute_linux.go):
+    the shell gets no arguments, reads the command from stdin (which then ends),
+    runs in its own process group (Setpgid) and is killed as a group on timeout.
+    The exit code is Go's ``ExitCode()``: -1 when a signal ended the shell.
+    """
     proc = subprocess.Popen(
-        [shell, "-c", command],
+        [shell],
         cwd=str(cwd),
         env=env,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     table.add(proc)
+    data = command.encode("utf-8", "surrogateescape")
     try:
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            out, _ = proc.communicate(data, timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             kill_group(proc)
@@ -118,7 +132,7 @@ def run_command(
     finally:
         table.discard(proc)
     return ExecOutcome(
-        exit_code=proc.returncode if proc.returncode is not None else -1,
+        exit_code=go_exit_code(proc.returncode),
         output=out.decode("utf-8", errors="replace"),
         timed_out=timed_out,
     )
@@ -155,7 +169,9 @@ class ShellSession:
     ``exit`` in a command ends the session, as on the daemon.
     """
 
-    def __init__(self, session_id: str, *, cwd: Path, env: dict[str, str], state_dir: Path, table: ProcessTable):
+    def __init__(
+        self, session_id: str, *, cwd: Path, env: dict[str, str], state_dir: Path, table: ProcessTable, shell: str
+    ):
         self.id = session_id
         self._dir = state_dir
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +179,7 @@ class ShellSession:
         self.commands: dict[str, SessionCommand] = {}
         self._table = table
         self._proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"],
+            [shell],
             cwd=str(cwd),
             env=env,
             stdin=subprocess.PIPE,

@@ -33,6 +33,7 @@ from pathlib import Path
 from daytona_api_client import BuildInfo, Sandbox, SandboxDesiredState, SandboxListItem, SandboxState
 
 from .errors import daemon_error
+from .images import DEBIAN, ImageProfile, executable, path_without_bash
 from .processes import ProcessTable, ShellSession
 
 DEFAULT_USER = "daytona"
@@ -86,6 +87,7 @@ class EmulatedSandbox:
     auto_archive_interval: int = 10080
     auto_delete_interval: int = -1
     network_block_all: bool = False
+    profile: ImageProfile = DEBIAN
     create_request: dict = field(default_factory=dict)
     created_at: datetime = field(default_factory=_now)
     updated_at: datetime = field(default_factory=_now)
@@ -129,13 +131,20 @@ class EmulatedSandbox:
         return real
 
     # ------------------------------------------------------------- processes
+    def daemon_shell(self) -> str:
+        """The program the daemon runs commands with (see ``images.py``)."""
+        return executable(self.profile.daemon_shell())
+
     def process_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if not self.profile.has_bash:
+            path = path_without_bash(self.state_dir.parent.parent, path)
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": path,
             "HOME": str(self.home),
             "USER": self.user,
             "LOGNAME": self.user,
-            "SHELL": "/bin/bash",
+            "SHELL": self.profile.daemon_shell() if self.profile.daemon_shell().startswith("/") else "/bin/sh",
             "LANG": "C.UTF-8",
             "DAYTONA_SANDBOX_ID": self.id,
             "DAYTONA_SANDBOX_USER": self.user,

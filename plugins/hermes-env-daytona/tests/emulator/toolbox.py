@@ -192,6 +192,10 @@ class Toolbox:
 
     # ------------------------------------------------------------------ process
     def execute(self, req: Request) -> Response:
+        # apps/daemon/pkg/toolbox/process/execute/execute.go (ExecuteCommand): the command runs
+        # in the shell GetShell() picks, fed on stdin (execute_linux.go, buildExecCmd); a
+        # timeout answers 408 with the message below; exitCode is Go's ExitCode(), -1 when a
+        # signal ended the shell.
         sb = self._running(req)
         spec: ExecuteRequest = _parse_model(ExecuteRequest, req)
         if not spec.command.strip():
@@ -207,7 +211,7 @@ class Toolbox:
             env=sb.process_env(spec.envs),
             timeout=min(timeout, limit),
             table=sb.processes,
-            shell=self.emu.exec_shell,
+            shell=sb.daemon_shell(),
         )
         if outcome.timed_out:
             raise daemon_error(
@@ -230,6 +234,7 @@ class Toolbox:
                 env=sb.process_env(),
                 state_dir=sb.state_dir / "sessions" / uuid.uuid4().hex,
                 table=sb.processes,
+                shell=sb.daemon_shell(),
             )
         return empty(201)
 
