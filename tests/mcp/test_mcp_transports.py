@@ -97,6 +97,14 @@ async def test_two_concurrent_http_sessions_are_isolated(http_srv: HttpServer, t
         assert other.is_error and "no background process" in other.content[0].text
 
 
+async def test_two_concurrent_stdio_sessions_are_isolated(tmp_path: Path) -> None:
+    async with stdio_client(tmp_path) as a, stdio_client(tmp_path) as b:
+        ra = await run(a, "SECRET=alpha")
+        rb = await run(b, "echo \"[$SECRET]\"")
+        assert rb["output"] == "[]\n" and ra["task_id"] != rb["task_id"]
+        assert (await run(a, "echo $SECRET"))["output"] == "alpha\n"
+
+
 async def test_http_session_cap(tmp_path: Path) -> None:
     with http_server(tmp_path, "--max-sessions", "2") as srv:
         async with http_client(srv) as a, http_client(srv) as b:
@@ -203,3 +211,32 @@ async def test_unavailable_backend_is_a_tool_error(tmp_path: Path) -> None:
         assert r.is_error and "no-such-backend" in r.content[0].text
         r = await c.call_tool("read_file", {"path": "x"})
         assert r.is_error and "no-such-backend" in r.content[0].text
+
+
+async def test_http_server_shutdown_closes_every_environment(tmp_path: Path) -> None:
+    with http_server(tmp_path) as srv:
+        async with http_client(srv) as a, http_client(srv) as b:
+            pids = []
+            for c in (a, b):
+                r = await c.call_tool("spawn", {"command": "sleep 300"})
+                pids.append(r.structured_content["pid"])
+            assert all(pid_alive(p) for p in pids)
+            srv.proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30):
+                while srv.proc.poll() is None:
+                    await anyio.sleep(0.05)
+        assert srv.proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+        assert not any(pid_alive(p) for p in pids), "background processes outlived the server"
+
+
+async def test_stdio_server_terminated_closes_its_environment(tmp_path: Path) -> None:
+    async with stdio_client(tmp_path) as c:
+        r = await c.call_tool("spawn", {"command": "sleep 300"})
+        pid = r.structured_content["pid"]
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in _children_of(os.getpid())}
+        servers = [p for p, argv in cmdlines.items() if b"hermes_env_core.cli" in argv and b"--http" not in argv]
+        assert len(servers) == 1, cmdlines
+        os.kill(servers[0], signal.SIGTERM)
+        with anyio.fail_after(30):
+            while pid_alive(servers[0]) or pid_alive(pid):
+                await anyio.sleep(0.05)
