@@ -259,7 +259,11 @@ async def _tool_run(ctx: Any, entry: _Entry, args: dict[str, Any], cancel: threa
                     tail = "".join(chunks)[-_PROGRESS_TAIL_CHARS:]
                 if n > sent:
                     sent = n
-                    await ctx.session.report_progress(float(n), None, tail)
+                    try:
+                        await ctx.session.report_progress(float(n), None, tail)
+                    except Exception as exc:  # noqa: BLE001 - progress is advisory; the command goes on
+                        log.debug("progress not sent: %r", exc)
+                        return
 
         tg.start_soon(progress)
         try:

@@ -184,8 +184,10 @@ class KubernetesEnvironment(BaseEnvironment):
     # -- errors ------------------------------------------------------------------------------
     def _error(self, exc: Exception, doing: str) -> EnvironmentUnavailable:
         code, text = getattr(exc, "status", 0), str(getattr(exc, "body", "") or getattr(exc, "reason", "") or exc)
-        if m := re.search(r"Handshake status (\d+).*-\+-\+- (b['\"].*)$", text, re.S):  # exec handshake refused
-            code, text = int(m.group(1)), ast.literal_eval(m.group(2)).decode("utf-8", "replace")
+        if m := re.search(r"Handshake status (\d+).*-\+-\+- (.*)$", text, re.S):  # the exec handshake was refused
+            code, text = int(m.group(1)), m.group(2)
+            if text[:2] in ("b'", 'b"'):  # older websocket-client versions show the body's bytes
+                text = ast.literal_eval(text).decode("utf-8", "replace")
         try:
             text = json.loads(text).get("message", text)
         except (ValueError, AttributeError):
@@ -226,6 +228,9 @@ class KubernetesEnvironment(BaseEnvironment):
                         self._core.create_namespaced_pod(self.namespace, self._manifest(name))
                         self.pod_name = name
                     self._wait_running(self.pod_name)
+                except self._k8s.client.ApiException as exc:
+                    self._release()
+                    raise self._error(exc, f"create pod {name}") from exc
                 except BaseException:
                     self._release()
                     raise
@@ -277,7 +282,10 @@ class KubernetesEnvironment(BaseEnvironment):
                                      f"(phase {phase}): {self._why(name, None)}")
 
     def _why(self, name: str, pod: Any) -> str:
-        events = self._core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        try:
+            events = self._core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        except self._k8s.client.ApiException:
+            events = []  # events are a diagnosis only
         warn = [f"{e.reason}: {e.message}" for e in events if e.type == "Warning" and "Error: " not in (e.message or "")]
         unsched = [c.message for c in (pod.status.conditions or [] if pod else []) if c.reason == "Unschedulable"]
         return "; ".join(dict.fromkeys(warn + unsched)) or "no warning events"
@@ -332,7 +340,8 @@ class KubernetesEnvironment(BaseEnvironment):
         return pod.status.phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
 
     # -- exec ----------------------------------------------------------------------------------
-    def _start(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True) -> _Exec:
+    def _start(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True,
+               resync: bool = False) -> _Exec:
         data = script.encode("utf-8", "surrogateescape")
         for attempt in range(2):
             pod = self._pod()
@@ -358,14 +367,16 @@ class KubernetesEnvironment(BaseEnvironment):
                 self._note(f"environment recreated: pod {pod} was gone; a new pod was started and the shell state "
                            "restored (files written before are lost)")
                 if self._sync is not None:
-                    self._sync.reset()
+                    self._sync.reset()  # the new pod gets every file again
+                    if resync:
+                        self._sync.push(force=True)
                 continue
             self._v5 = ws.subprotocol == "v5.channel.k8s.io"
             return _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
         raise AssertionError("unreachable")
 
     def _run_bash(self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None) -> ProcessHandle:
-        return self._start(script, stdin_data, login=login)
+        return self._start(script, stdin_data, login=login, resync=True)
 
     def _helper(self, script: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
         h = self._start(script, stdin, merge=False)

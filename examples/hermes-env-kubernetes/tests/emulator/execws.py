@@ -71,7 +71,7 @@ async def handle_exec(emu: KubeEmulator, request: web.Request, namespace: str, n
     cid = emu.kubelet.containers.get(pod["metadata"]["uid"])
     if phase != "Running" or cid is None:
         raise ApiError(status(400, "BadRequest", f'unable to upgrade connection: container not found ("{wanted}")'))
-    ws = web.WebSocketResponse(protocols=emu.exec_protocols, max_msg_size=0, autoping=True)
+    ws = web.WebSocketResponse(protocols=emu.exec_protocols, max_msg_size=0, autoping=False)
     await ws.prepare(request)
     if ws.ws_protocol not in (V4, V5):
         await ws.close(code=1002, message=b"no supported channel protocol offered")
@@ -110,6 +110,10 @@ async def handle_exec(emu: KubeEmulator, request: web.Request, namespace: str, n
 
     async def read_client() -> None:  # channel 0 -> the exec's stdin
         async for msg in ws:
+            if msg.type == WSMsgType.PING:  # a client's keepalive: answered, and counted for the tests
+                emu.pings += 1
+                await ws.pong(msg.data)
+                continue
             if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
                 continue
             data = msg.data if isinstance(msg.data, bytes) else msg.data.encode()

@@ -59,6 +59,7 @@ class KubeEmulator:
         self.pids_limit = 512
         self.start_delay = 0.0
         self.exec_log: list[dict[str, Any]] = []
+        self.pings = 0
         self.requests: list[tuple[str, str]] = []
         for ns in ("default", "kube-system"):
             self.store.create("namespaces", "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
@@ -108,7 +109,9 @@ class KubeEmulator:
     async def _serve(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # The apiserver takes request lines up to 1 MiB (Go's http.DefaultMaxHeaderBytes): exec URLs carry argv.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                                     max_line_size=1 << 20, max_field_size=1 << 16)
         await self._runner.setup()
         ctx = self._ssl_context() if self.tls else None
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ctx)
