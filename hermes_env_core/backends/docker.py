@@ -425,20 +425,22 @@ class DockerEnvironment(BaseEnvironment):
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         if not isinstance(handle, ExecHandle) or getattr(handle, "nonce", None) is None:
             return None
-        return bool(self._tree_exec(handle, "0"))
+        found = self._tree_exec(handle, "0")
+        return None if found is None else bool(found)
 
     def _signal_tree(self, handle: ExecHandle, graceful: bool) -> None:
         """Signal the command's processes inside the container, from a second exec."""
         self._tree_exec(handle, "TERM" if graceful else "KILL")
 
-    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str]:
-        """Run the tree script for ``handle``'s command; the processes it found.
+    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str] | None:
+        """Run the tree script for ``handle``'s command; the processes it found
+        (None when the script could not run).
 
         They are the processes carrying the exec's marker, plus those an earlier
         call found (a process that cleared its environment but was seen before)."""
         nonce = getattr(handle, "nonce", None)
         if nonce is None:
-            return set()
+            return None
         seen: set[str] = getattr(handle, "seen", set())
         script = tree_script(sig, None, marker=f"{MARKER_VAR}={nonce}", known=seen)
         out = b""
@@ -450,6 +452,8 @@ class DockerEnvironment(BaseEnvironment):
             if TREE_DONE.encode() in out or not out.startswith(b"OCI runtime exec failed"):
                 break
             time.sleep(0.05 * (attempt + 1))  # no pid free for the helper yet
+        if TREE_DONE.encode() not in out:
+            return None
         found = parse_tree_output(out)
         seen |= found
         handle.seen = seen  # type: ignore[attr-defined]
