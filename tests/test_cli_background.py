@@ -138,7 +138,10 @@ def test_a_docker_background_process_keeps_its_container_until_killed(cli, image
 
 @pytest.mark.docker
 def test_a_docker_background_process_that_exits_is_reported_and_its_container_removed(cli, image):
-    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "echo out; exit 3")
+    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "-o", 'env={"TOKEN_X": "s3cret"}',
+            "-o", "timeout=30", "echo out; exit 3")
+    kept = (cli.state / "processes.envs.json").read_text()
+    assert "s3cret" not in kept and "TOKEN_X" not in kept and '"timeout": 30' in kept
     pid_id = r.stdout.split()[0]
     task_id = _rows(cli)[pid_id]["where"].removeprefix("docker:")
     w = cli("wait", pid_id)

@@ -43,6 +43,9 @@ EnvironmentOpener = Callable[[argparse.Namespace], AbstractContextManager[BaseEn
 STATUS_UNKNOWN = "unknown"
 _SECRET_RE = re.compile(r"password|passphrase|secret|token|api_key|apikey", re.IGNORECASE)
 _LOG_CHUNK = 8 * 1024 * 1024
+#: Options never written to the reopen file: variables for commands may hold secrets, and checking
+#: a process does not need them (a docker container is found again by its task id alone).
+_NOT_KEPT = frozenset({"env"})
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,7 +181,7 @@ def _reopen_record(env: BaseEnvironment) -> dict[str, Any]:
     dumped = cfg.model_dump(mode="json")
     for key, field in type(cfg).model_fields.items():
         value = getattr(cfg, key)
-        if value == field.get_default(call_default_factory=True) or _SECRET_RE.search(key):
+        if value == field.get_default(call_default_factory=True) or _SECRET_RE.search(key) or key in _NOT_KEPT:
             continue
         if isinstance(value, (SecretStr, SecretBytes)):
             continue
