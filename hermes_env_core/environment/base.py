@@ -90,6 +90,10 @@ class BaseEnvironment(abc.ABC):
         self._closed = False
         self._notes: list[str] = []
         self._notes_lock = threading.Lock()
+        # Commands in flight: close() stops them and waits until they are gone.
+        self._running = 0
+        self._running_cv = threading.Condition()
+        self._closing = threading.Event()
         # Background-process registries following processes in this environment
         # (hermes_env_core.processes adds itself here).
         self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -125,6 +129,14 @@ class BaseEnvironment(abc.ABC):
         else:
             handle.kill()
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        """Whether anything of a stopped command still runs (None: cannot tell).
+
+        Asked after bash itself exited on SIGTERM, while SIGKILL is pending:
+        False ends the wait early, True or None let SIGKILL follow on time.
+        """
+        return None
+
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
         return any(r.has_live(self) for r in list(self._process_registries))
@@ -158,6 +170,10 @@ class BaseEnvironment(abc.ABC):
         on_output: Callable[[str], None] | None = None,
     ) -> ExecResult:
         """Run ``command`` as if typed into one long-lived bash."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(f"timeout must be a number of seconds > 0 (None for the configured default), got {timeout!r}")
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
         session = self.session
@@ -172,6 +188,11 @@ class BaseEnvironment(abc.ABC):
         limit = self.config.max_output_bytes
         capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
         eff_timeout = self.config.timeout if timeout is None else timeout
+        with self._running_cv:
+            if self._closed:
+                session.release(wrapped)
+                raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+            self._running += 1
         try:
             run = self._drive(
                 wrapped,
@@ -183,6 +204,9 @@ class BaseEnvironment(abc.ABC):
             )
         finally:
             session.release(wrapped)
+            with self._running_cv:
+                self._running -= 1
+                self._running_cv.notify_all()
         notes = self._take_notes() + list(run.notes)
         exit_code = run.exit_code
         if run.frame is not None and not run.corrupt:
@@ -197,6 +221,8 @@ class BaseEnvironment(abc.ABC):
             notes.append(f"working directory {wrapped.cwd} is gone; session directory reset to {reset}")
         if run.timed_out:
             notes.append(f"command timed out after {eff_timeout:g}s")
+        if run.interrupted and self._closing.is_set():
+            notes.append("command stopped: the environment was closed")
         cap = run.captured
         assert cap is not None
         if data is None and exit_code != 0 and (sign := wanted_input(cap.text)) is not None:
@@ -223,10 +249,23 @@ class BaseEnvironment(abc.ABC):
         )
 
     def close(self) -> None:
-        """Release the environment; later ``execute()`` calls raise."""
-        if self._closed:
-            return
-        self._closed = True
+        """Release the environment; later ``execute()`` calls raise.
+
+        A command still running is stopped (SIGTERM, then SIGKILL after
+        ``kill_grace_s``) and ``close()`` returns once it is gone.
+        """
+        with self._running_cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing.set()
+            # Each running command sees the flag within one poll; it then takes
+            # at most the grace and a reap to end.
+            limit = time.monotonic() + self.config.kill_grace_s + 30.0
+            while self._running and (left := limit - time.monotonic()) > 0:
+                self._running_cv.wait(left)
+            if self._running:
+                _log.warning("%r: %d command(s) still running at close", self, self._running)
         try:
             # Background processes die with the environment, unless detached.
             for registry in list(self._process_registries):
@@ -360,7 +399,7 @@ class BaseEnvironment(abc.ABC):
                     break  # bash reported and is exiting; background children may hold the pipe
                 now = time.monotonic()
                 if reason is None:
-                    if cancel is not None and cancel.is_set():
+                    if (cancel is not None and cancel.is_set()) or self._closing.is_set():
                         reason = "cancel"
                     elif deadline is not None and now >= deadline:
                         reason = "timeout"
@@ -376,6 +415,9 @@ class BaseEnvironment(abc.ABC):
                         exited_at = now
                     elif now - exited_at > _DRAIN_S:
                         break
+            if reason is not None and kill_at is not None:
+                # bash ended on SIGTERM within the grace; what it started may not have.
+                self._finish_kill(handle, wrapped, kill_at)
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
@@ -387,6 +429,15 @@ class BaseEnvironment(abc.ABC):
             run.notes = tuple(getattr(handle, "notes", ()) or ())
             run.usage = getattr(handle, "usage", None)
             run.signal = -code if code < 0 else None
+        except BaseException:
+            # An on_output callback raised, or the caller was interrupted: the
+            # command must not outlive the call.
+            try:
+                self._kill_tree(handle, wrapped, graceful=False)
+                self._reap(handle, finished=False)
+            except Exception:  # noqa: BLE001 - the first exception is the one to report
+                _log.exception("%r: stopping the command after an error failed", self)
+            raise
         finally:
             try:
                 stdout.close()
@@ -408,6 +459,17 @@ class BaseEnvironment(abc.ABC):
         else:
             run.exit_code = 128 - code if code < 0 else code
         return run
+
+    def _finish_kill(self, handle: ProcessHandle, wrapped: WrappedCommand, kill_at: float) -> None:
+        """Send the pending SIGKILL on time, unless the whole tree is already gone."""
+        while True:
+            if self._tree_alive(handle, wrapped) is False:
+                return
+            left = kill_at - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, _POLL_S))
+        self._kill_tree(handle, wrapped, graceful=False)
 
     def _state_from_file(
         self, wrapped: WrappedCommand, frame: tuple[int, str, str | None]

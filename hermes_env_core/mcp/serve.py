@@ -6,7 +6,9 @@ import argparse
 import hmac
 import json
 import logging
+import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -75,9 +77,23 @@ async def _serve_stdio(table: SessionTable) -> None:
     from mcp.server.runner import serve_loop
 
     server = build_server(table, http=False)
-    # The handshake loop (not Server.run's dual-era one): the session is the connection, see build_server.
-    async with server.lifespan(server) as state, stdio_server() as (read_stream, write_stream):
-        await serve_loop(server, read_stream, write_stream, lifespan_state=state)
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            # SIGTERM/SIGHUP from the client or a supervisor: close the environment, do not orphan commands.
+            # Then exit at once: the SDK's stdin reader sits in a thread that no cancellation reaches.
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    with anyio.CancelScope(shield=True):
+                        await table.close_all()
+                    sys.stderr.flush()
+                    os._exit(128 + int(signum))
+
+        tg.start_soon(stop_on_signal)
+        # The handshake loop (not Server.run's dual-era one): the session is the connection, see build_server.
+        async with server.lifespan(server) as state, stdio_server() as (read_stream, write_stream):
+            await serve_loop(server, read_stream, write_stream, lifespan_state=state)
+        tg.cancel_scope.cancel()
 
 
 def _read_token(path: str) -> str:

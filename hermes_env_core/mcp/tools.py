@@ -6,6 +6,7 @@ tool runs, so a bad value is a tool error naming the argument.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,11 +243,16 @@ TOOLS: dict[str, ToolSpec] = {
 }
 
 
-def check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
-    """None when ``arguments`` fit the tool's input schema, else one sentence naming the first bad one."""
+@functools.lru_cache(maxsize=None)
+def _validator(name: str) -> Any:
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(spec.input)
+    return jsonschema.Draft202012Validator(TOOLS[name].input)
+
+
+def check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
+    """None when ``arguments`` fit the tool's input schema, else one sentence naming the first bad one."""
+    validator = _validator(spec.name)
     # An unknown name first: it is usually a misspelling of the required one that is "missing".
     errors = sorted(validator.iter_errors(arguments),
                     key=lambda e: (e.validator != "additionalProperties", [str(p) for p in e.absolute_path]))

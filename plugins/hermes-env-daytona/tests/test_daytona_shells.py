@@ -60,5 +60,5 @@ def test_stdin_of_the_command_is_its_own(make_env, image):
 
 def test_image_without_bash_fails_with_a_clear_error(make_env):
     env = make_env(image="alpine:3.20")
-    with pytest.raises(EnvironmentUnavailable, match="bash"):
+    with pytest.raises(EnvironmentUnavailable, match="has no bash.*needs bash"):
         env.execute("true")

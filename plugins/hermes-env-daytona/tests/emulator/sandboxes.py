@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,10 @@ _DESIRED = {
     "stopping": SandboxDesiredState.STOPPED,
     "archived": SandboxDesiredState.ARCHIVED,
     "archiving": SandboxDesiredState.ARCHIVED,
+    "restoring": SandboxDesiredState.STARTED,
+    "resuming": SandboxDesiredState.STARTED,
+    "pausing": SandboxDesiredState.PAUSED,
+    "paused": SandboxDesiredState.PAUSED,
     "destroyed": SandboxDesiredState.DESTROYED,
     "destroying": SandboxDesiredState.DESTROYED,
 }
@@ -89,6 +94,10 @@ class EmulatedSandbox:
     network_block_all: bool = False
     profile: ImageProfile = DEBIAN
     create_request: dict = field(default_factory=dict)
+    #: time.monotonic() of the last request about this sandbox (auto-stop counts idleness from it)
+    last_activity: float = field(default_factory=time.monotonic)
+    #: time.monotonic() when it last reached ``stopped`` (auto-archive counts from it)
+    stopped_at: float | None = None
     created_at: datetime = field(default_factory=_now)
     updated_at: datetime = field(default_factory=_now)
     processes: ProcessTable = field(default_factory=ProcessTable)
@@ -171,6 +180,8 @@ class EmulatedSandbox:
         old = self.state
         self.state = state
         self.updated_at = _now()
+        self.last_activity = time.monotonic()
+        self.stopped_at = self.last_activity if state == "stopped" else None
         if state == "error":
             self.error_reason = reason or self.error_reason or "emulated error"
         elif state not in ("build_failed",):
