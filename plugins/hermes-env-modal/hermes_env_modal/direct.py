@@ -31,7 +31,7 @@ from ._kill import exec_head, find_pids_script, parse_pids
 from ._loop import EventLoopThread
 from ._process import OutputBridge, SandboxProcess, pump, write_stdin
 from .backend import ModalEnvironment
-from .config import ModalConfig, credentials_missing_message, default_snapshot_store
+from .config import ModalConfig, credentials_missing_message, default_snapshot_store, memory_mib
 from .snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DirectModalEnvironment(ModalEnvironment):
         try:
             self._modal, self._stream_type = _import_sdk()
             token_id, token_secret = self._credentials()
-            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.startup_timeout)
+            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.start_timeout)
             mappings = cfg.sync_mappings()
             self._check_image(needs_tar=bool(mappings))
             if mappings:
@@ -91,7 +91,7 @@ class DirectModalEnvironment(ModalEnvironment):
 
                 from .sync import ModalSyncTransport
 
-                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval)
+                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval_s)
         except BaseException as exc:
             self._teardown(snapshot=False, errors=[])
             raise self._translate(exc, "could not start a sandbox") from exc
@@ -111,7 +111,7 @@ class DirectModalEnvironment(ModalEnvironment):
     def sync_engine(self) -> SyncEngine | None:
         return self._sync
 
-    def pull(self) -> PullResult | None:
+    def pull_files(self) -> PullResult | None:
         """Bring the sandbox's changes to the synced trees back to the host now."""
         return self._sync.pull() if self._sync is not None else None
 
@@ -148,10 +148,12 @@ class DirectModalEnvironment(ModalEnvironment):
             "client": self._client,
             "timeout": cfg.sandbox_timeout,
         }
-        for key in ("workdir", "cpu", "memory", "region", "idle_timeout"):
+        for key in ("workdir", "cpu", "region", "idle_timeout"):
             value = getattr(cfg, key)
             if value is not None:
                 kwargs[key] = value
+        if cfg.memory is not None:
+            kwargs["memory"] = memory_mib(cfg.memory)
         if cfg.block_network:
             kwargs["block_network"] = True
         if cfg.env:
@@ -293,7 +295,7 @@ class DirectModalEnvironment(ModalEnvironment):
                 return  # another thread already replaced it
             old = dead.object_id
             try:
-                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.startup_timeout)
+                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.start_timeout)
             except Exception as exc:
                 raise self._translate(exc, f"sandbox {old} has ended and a new one could not be started") from exc
             if self._sync is not None:

@@ -24,7 +24,7 @@ from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavail
 from ._image import CHECK_SCRIPT, parse_check, requirement_message
 from ._kill import exec_head, find_pids_script, parse_pids
 from .backend import ModalEnvironment
-from .config import ModalConfig, explicit_gateway_token, gateway_auth_file, gateway_url
+from .config import ModalConfig, explicit_gateway_token, gateway_auth_file, memory_mib, gateway_url
 from .gateway import FINAL_STATUSES, GatewayClient, SandboxGoneError, TokenSource
 
 __all__ = ["ManagedModalEnvironment"]
@@ -153,7 +153,7 @@ class ManagedModalEnvironment(ModalEnvironment):
             "image": cfg.image or _DEFAULT_IMAGE,
             "cwd": self._cwd0,
             "cpu": cfg.cpu if cfg.cpu is not None else _DEFAULT_CPU,
-            "memoryMiB": cfg.memory if cfg.memory is not None else _DEFAULT_MEMORY_MIB,
+            "memoryMiB": memory_mib(cfg.memory) if cfg.memory is not None else _DEFAULT_MEMORY_MIB,
             "timeoutMs": cfg.sandbox_timeout * 1000,
             "idleTimeoutMs": idle * 1000,
             "persistentFilesystem": cfg.persistent,

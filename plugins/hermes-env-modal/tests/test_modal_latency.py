@@ -182,6 +182,6 @@ def test_startup_bound_is_configurable(fresh_modal_emu):
     fresh_modal_emu.rpc_latency = 1.0
     t0 = time.monotonic()
     with pytest.raises(EnvironmentUnavailable, match="in time"):
-        ModalEnvironment(mode="direct", task_id=_task(), startup_timeout=0.5)
+        ModalEnvironment(mode="direct", task_id=_task(), start_timeout=0.5)
     assert time.monotonic() - t0 < 30
     fresh_modal_emu.rpc_latency = 0.0

@@ -38,7 +38,7 @@ def test_wrong_token_is_refused_naming_its_source(fresh_gateway):
 
 
 def test_create_speaks_the_gateways_contract(fresh_gateway):
-    with _env(fresh_gateway, image="python:3.12-slim", cpu=2, memory=2048, sandbox_timeout=900,
+    with _env(fresh_gateway, image="python:3.12-slim", cpu=2, memory="2g", sandbox_timeout=900,
               idle_timeout=120, workdir="/root", task_id="task-7") as env:
         assert env.execute("echo hi").output == "hi\n"
     (create,) = [b for m, p, b in fresh_gateway.bodies if m == "POST" and p == "/v1/sandboxes"]
