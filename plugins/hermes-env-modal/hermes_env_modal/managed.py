@@ -24,7 +24,7 @@ from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavail
 from ._image import CHECK_SCRIPT, parse_check, requirement_message
 from ._kill import exec_head, find_pids_script, parse_pids
 from .backend import ModalEnvironment
-from .config import ModalConfig, explicit_gateway_token, gateway_auth_file, memory_mib, gateway_url
+from .config import ModalConfig, explicit_gateway_token, gateway_auth_file, gateway_url, memory_mib
 from .gateway import FINAL_STATUSES, GatewayClient, SandboxGoneError, TokenSource
 
 __all__ = ["ManagedModalEnvironment"]
