@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hermes_env_core.config import memory_bytes
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import KILL_TREE_FN, WrappedCommand
@@ -218,7 +219,7 @@ class KubernetesEnvironment(BaseEnvironment):
         self._sync = None
         if cfg.sync:
             transport = CommandTransport(self._sync_run)
-            self._sync = SyncEngine(transport, [s.mapping() for s in cfg.sync], interval=cfg.sync_interval)
+            self._sync = SyncEngine(transport, [s.mapping() for s in cfg.sync], interval=cfg.sync_interval_s)
 
     # -- errors ------------------------------------------------------------------------------
     def _error(self, exc: Exception, doing: str) -> EnvironmentUnavailable:
@@ -239,7 +240,9 @@ class KubernetesEnvironment(BaseEnvironment):
     # -- the pod ----------------------------------------------------------------------------------
     def _manifest(self, name: str) -> dict[str, Any]:
         cfg = self.config
-        res = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory), ("ephemeral-storage", cfg.ephemeral_storage)) if v}
+        memory = str(memory_bytes(cfg.memory)) if cfg.memory else None  # "512m" is ours; Kubernetes reads bytes
+        cpu = f"{cfg.cpu:g}" if cfg.cpu else None
+        res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("ephemeral-storage", cfg.ephemeral_storage)) if v}
         spec: dict[str, Any] = {
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "nodeSelector": cfg.node_selector or None,
             "tolerations": list(cfg.tolerations) or None, "runtimeClassName": cfg.runtime_class,
@@ -459,10 +462,14 @@ class KubernetesEnvironment(BaseEnvironment):
         if self._sync is not None:
             self._sync.push()
 
+    def pull_files(self) -> Any:
+        """Apply the pod's changes to the synced host paths now (also done at close); None without sync."""
+        return self._sync.pull() if self._sync is not None and self.pod_name is not None else None
+
     def cleanup(self) -> None:
         try:
-            if self._sync is not None and self.pod_name is not None:
-                self._sync.pull()
+            if self.config.pull_on_close:
+                self.pull_files()
         finally:
             with self._lock:
                 self._release()
