@@ -19,6 +19,7 @@ __all__ = [
     "SyncError",
     "UnsafeArchiveError",
     "UnsupportedOperation",
+    "UsageError",
 ]
 
 
@@ -44,6 +45,10 @@ class EnvironmentClosedError(EnvironmentUnavailable):
 
 class ConfigError(HermesEnvError, ValueError):
     """A configuration value is missing, unknown or invalid."""
+
+
+class UsageError(HermesEnvError, ValueError):
+    """A request that cannot be carried out as given: no command, an unknown process id."""
 
 
 class BackendNotFoundError(HermesEnvError, LookupError):

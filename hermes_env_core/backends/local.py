@@ -214,6 +214,8 @@ class LocalEnvironment(BaseEnvironment):
     """Runs commands on this machine."""
 
     name = "local"
+    #: A detached background process needs nothing to outlive close: this machine stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
     config_model = LocalConfig
