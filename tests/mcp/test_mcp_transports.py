@@ -97,6 +97,14 @@ async def test_two_concurrent_http_sessions_are_isolated(http_srv: HttpServer, t
         assert other.is_error and "no background process" in other.content[0].text
 
 
+async def test_two_concurrent_stdio_sessions_are_isolated(tmp_path: Path) -> None:
+    async with stdio_client(tmp_path) as a, stdio_client(tmp_path) as b:
+        ra = await run(a, "SECRET=alpha")
+        rb = await run(b, "echo \"[$SECRET]\"")
+        assert rb["output"] == "[]\n" and ra["task_id"] != rb["task_id"]
+        assert (await run(a, "echo $SECRET"))["output"] == "alpha\n"
+
+
 async def test_http_session_cap(tmp_path: Path) -> None:
     with http_server(tmp_path, "--max-sessions", "2") as srv:
         async with http_client(srv) as a, http_client(srv) as b:
