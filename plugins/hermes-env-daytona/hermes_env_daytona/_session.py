@@ -124,21 +124,20 @@ class CommandFollower:
         for attempt in range(1, _TRANSIENT_ATTEMPTS + 1):
             try:
                 return _sdk.call_with_rate_limit(fn)
-            except sdk.DaytonaNotFoundError as exc:
-                raise BackendError(
-                    f"daytona: {what}: the daemon no longer knows the command's session "
-                    f"(sandbox {self._env.sandbox_name} restarted or was replaced while the command ran); "
-                    "its exit status is unknown"
-                ) from exc
             except sdk.DaytonaError as exc:
                 status = getattr(exc, "status_code", None)
-                transient = status is None or status in (502, 503, 504) or (isinstance(status, int) and status >= 500)
-                if status == 400:
+                transient = status is None or (isinstance(status, int) and status >= 500)
+                if status in (400, 404):
                     state = self._env._state_now()
                     if state != "started":
                         raise BackendError(
                             f"daytona: {what}: sandbox {self._env.sandbox_name} is {state} (it stopped while the "
                             "command ran); the command's exit status is unknown"
+                        ) from exc
+                    if status == 404:
+                        raise BackendError(
+                            f"daytona: {what}: the daemon no longer knows the command's session (it restarted "
+                            "while the command ran); the command's exit status is unknown"
                         ) from exc
                 if not transient or attempt == _TRANSIENT_ATTEMPTS:
                     raise self._env._error(exc, what, BackendError) from exc
