@@ -13,12 +13,13 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO
 
 from pydantic import Field
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import WrappedCommand
@@ -142,6 +143,29 @@ class LocalEnvironment(BaseEnvironment):
         if stdin_data is not None:
             feed_stdin(proc.stdin, stdin_data)
         return proc
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # The resident bash: a child of this process in its own session, like every command.
+        try:
+            proc = _GroupPopen(
+                [self._bash, *argv[1:]],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+                cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
+            )
+        except OSError as exc:
+            raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
+        assert proc.stdin is not None and proc.stdout is not None
+        _widen_pipe(proc.stdout.fileno())
+
+        def stop() -> None:
+            proc.kill()
+            proc.wait()
+
+        return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if graceful:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from .output import DEFAULT_MAX_OUTPUT_BYTES
@@ -24,4 +26,10 @@ class EnvironmentConfig(BaseModel):
         DEFAULT_EXCLUDED_PREFIXES, description="Variables with these prefixes never enter the saved state."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Variables set in the environment.")
+    channel: bool = Field(
+        default_factory=lambda: os.environ.get("HERMES_ENV_CHANNEL", "1").strip().lower() not in ("0", "false", "no", "off"),
+        description="Run commands through a resident shell in the target where the backend offers one "
+        "(default on; HERMES_ENV_CHANNEL=0 turns it off by default).",
+    )
+    max_channels: int = Field(4, ge=1, le=64, description="Resident channels opened for concurrent commands.")
     kill_grace_s: float = Field(1.0, ge=0, description="Seconds between SIGTERM and SIGKILL on timeout.")
