@@ -118,6 +118,10 @@ class BaseEnvironment(abc.ABC):
         ``EnvironmentUnavailable`` when the target cannot be reached."""
         raise NotImplementedError
 
+    def _channel_command_exited(self, handle: ChannelCommand, code: int) -> None:
+        """Hook: a command that ran through a channel exited with ``code`` (may
+        add notes, or raise ``BackendError`` when the target died under it)."""
+
     def _before_execute(self) -> None:
         """Hook run before each command (remote backends sync files here)."""
 
@@ -474,7 +478,9 @@ class BaseEnvironment(abc.ABC):
                 channel = None
             if channel is not None:
                 try:
-                    return channel.start(script, login=login, stdin_data=stdin_data)
+                    cmd = channel.start(script, login=login, stdin_data=stdin_data)
+                    cmd.on_exit = self._channel_command_exited
+                    return cmd
                 except EnvironmentUnavailable:
                     pass  # it died just now: run as a process
             elif pool.refused and refused is None:

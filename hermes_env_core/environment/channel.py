@@ -22,6 +22,7 @@ import os
 import secrets
 import select
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -161,6 +162,9 @@ class ChannelCommand:
         self.error: BaseException | None = None
         self.killed = False
         self.notes: tuple[str, ...] = ()
+        self.started = time.time()
+        #: called once with (self, exit code) before ``wait`` returns it; may raise ``BackendError``
+        self.on_exit: Callable[[ChannelCommand, int], None] | None = None
         self._done = threading.Event()
 
     # -- fed by the channel's reader ----------------------------------------
@@ -198,6 +202,9 @@ class ChannelCommand:
         if self.error is not None:
             raise BackendError(str(self.error)) from self.error
         assert self.returncode is not None
+        if self.on_exit is not None:
+            hook, self.on_exit = self.on_exit, None
+            hook(self, self.returncode)
         return self.returncode
 
     def terminate(self) -> None:

@@ -23,7 +23,7 @@ fi
 builtin set -m 2>/dev/null || { builtin printf '%sNset -m failed\n' "$__hc_mark"; builtin exit 0; }
 # The child is one level below the server, as if the target had started it.
 [[ -n $SHLVL ]] && builtin export SHLVL=$((SHLVL - 1))
-__hc_cur= __hc_runner= __hc_relay= __hc_o=
+__hc_cur= __hc_runner= __hc_relay= __hc_o= __hc_killed=
 __hc_lc_set=${LC_ALL+1} __hc_lc=$LC_ALL
 LC_ALL=C
 
@@ -117,7 +117,9 @@ __hc_end() {  # id: the report reached the client; stop the relay, then say so
     fi
   fi
   [[ -n $__hc_runner ]] && builtin wait "$__hc_runner" 2>/dev/null
-  __hc_relay= __hc_cur= __hc_runner=
+  # A killed command's bash is gone; whatever is left of its tree goes too.
+  [[ -n $__hc_killed ]] && __hc_kill KILL
+  __hc_relay= __hc_cur= __hc_runner= __hc_killed=
   builtin printf '%sD%s\n' "$__hc_mark" "$1"
   __hc_new_relay
 }
@@ -135,7 +137,7 @@ while IFS=' ' builtin read -r __hc_op __hc_a __hc_b __hc_c __hc_d; do
       __hc_s= __hc_in=
       ;;
     A) [[ $__hc_a == "$__hc_cur" ]] && __hc_end "$__hc_a" ;;
-    K) [[ $__hc_a == "$__hc_cur" ]] && __hc_kill "$__hc_b" ;;
+    K) [[ $__hc_a == "$__hc_cur" ]] && { __hc_killed=1; __hc_kill "$__hc_b"; } ;;
     Q) break ;;
     *) break ;;
   esac
