@@ -18,6 +18,7 @@ from ..environment.base import BaseEnvironment
 from ..environment.channel import ChannelStream
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
+from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
@@ -108,6 +109,7 @@ class DockerEnvironment(BaseEnvironment):
         self._lock = threading.Lock()
         self._gen = 0
         self._box: dict[str, str | None] = {"id": None}
+        self._events_seen_ns = 0  # engine events up to this time were already given to a command
         self._user = cfg.user or ""
         self._exec_env = [f"{k}={v}" for k, v in cfg.env.items()]
         self.container_name = reaper.container_name(self.task_id, persistent=cfg.persistent)
@@ -502,6 +504,8 @@ class DockerEnvironment(BaseEnvironment):
         if seen & {"kill", "die", "destroy"} or info is None or not info["State"].get("Running"):
             state = "removed" if info is None else f"exit code {info['State'].get('ExitCode')}"
             raise BackendError(f"docker: container {self.container_name} stopped while the command ran ({state})")
+        # The container's memory events say whether the kernel's OOM killer did it.
+        handle.usage = Usage(oom_killed="oom" in seen)  # type: ignore[attr-defined]
         if "oom" in seen:
             limit = self.config.memory or "the host's memory"
             self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
@@ -513,7 +517,13 @@ class DockerEnvironment(BaseEnvironment):
                 since=int(since) - 1, until=time.time(), decode=True,
                 filters={"event": list(kinds), "container": self._box["id"]},
             )
-            return {e.get("status") or e.get("Action") for e in events if e.get("timeNano", 0) / 1e9 >= since - 0.5}
+            # An event counts for one command only: the next command, started
+            # within the tolerance, must not see its predecessor's OOM.
+            fresh = [e for e in events if e.get("timeNano", 0) / 1e9 >= since - 0.5
+                     and e.get("timeNano", 0) > self._events_seen_ns]
+            if fresh:
+                self._events_seen_ns = max(e.get("timeNano", 0) for e in fresh)
+            return {e.get("status") or e.get("Action") for e in fresh}
         except Exception:  # noqa: BLE001 - only the diagnosis depends on it
             return set()
 

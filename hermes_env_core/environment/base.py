@@ -22,8 +22,9 @@ from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailabl
 from .channel import ChannelCommand, ChannelPool, ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
+from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
-from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, ExecResult
+from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 from .session import ShellSession, StateParseError, WrappedCommand
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
@@ -45,7 +46,7 @@ _MAX_READ = 1 << 20
 class _Run:
     """Result of driving one wrapped script to its end."""
 
-    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes")
+    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes", "usage", "signal")
 
     def __init__(self) -> None:
         self.captured = None
@@ -55,6 +56,8 @@ class _Run:
         self.interrupted = False
         self.corrupt = False
         self.notes: tuple[str, ...] = ()
+        self.usage: Usage | None = None  # what the handle measured
+        self.signal: int | None = None  # the signal that ended bash itself
 
 
 class BaseEnvironment(abc.ABC):
@@ -88,6 +91,10 @@ class BaseEnvironment(abc.ABC):
         self._closed = False
         self._notes: list[str] = []
         self._notes_lock = threading.Lock()
+        # Commands in flight: close() stops them and waits until they are gone.
+        self._running = 0
+        self._running_cv = threading.Condition()
+        self._closing = threading.Event()
         # Background-process registries following processes in this environment
         # (hermes_env_core.processes adds itself here).
         self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -135,6 +142,14 @@ class BaseEnvironment(abc.ABC):
             handle.terminate()  # type: ignore[attr-defined]
         else:
             handle.kill()
+
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        """Whether anything of a stopped command still runs (None: cannot tell).
+
+        Asked after bash itself exited on SIGTERM, while SIGKILL is pending:
+        False ends the wait early, True or None let SIGKILL follow on time.
+        """
+        return None
 
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
@@ -186,6 +201,10 @@ class BaseEnvironment(abc.ABC):
         on_output: Callable[[str], None] | None = None,
     ) -> ExecResult:
         """Run ``command`` as if typed into one long-lived bash."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(f"timeout must be a number of seconds > 0 (None for the configured default), got {timeout!r}")
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
         session = self.session
@@ -200,6 +219,11 @@ class BaseEnvironment(abc.ABC):
         limit = self.config.max_output_bytes
         capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
         eff_timeout = self.config.timeout if timeout is None else timeout
+        with self._running_cv:
+            if self._closed:
+                session.release(wrapped)
+                raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+            self._running += 1
         try:
             run = self._drive(
                 wrapped,
@@ -211,6 +235,9 @@ class BaseEnvironment(abc.ABC):
             )
         finally:
             session.release(wrapped)
+            with self._running_cv:
+                self._running -= 1
+                self._running_cv.notify_all()
         notes = self._take_notes() + list(run.notes)
         exit_code = run.exit_code
         if run.frame is not None and not run.corrupt:
@@ -225,8 +252,17 @@ class BaseEnvironment(abc.ABC):
             notes.append(f"working directory {wrapped.cwd} is gone; session directory reset to {reset}")
         if run.timed_out:
             notes.append(f"command timed out after {eff_timeout:g}s")
+        if run.interrupted and self._closing.is_set():
+            notes.append("command stopped: the environment was closed")
         cap = run.captured
         assert cap is not None
+        if data is None and exit_code != 0 and (sign := wanted_input(cap.text)) is not None:
+            notes.append(
+                f"the command wanted input ({sign!r}) but had none: it runs with stdin at end of input and no "
+                "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
+            )
+        usage = run.usage or Usage()
+        reason, sig = _end_reason(run, exit_code, usage)
         return ExecResult(
             output=cap.text,
             exit_code=exit_code,
@@ -238,13 +274,29 @@ class BaseEnvironment(abc.ABC):
             output_path=cap.spill_path,
             dropped_bytes=cap.dropped_bytes,
             notes=tuple(notes),
+            usage=usage,
+            end_reason=reason,
+            signal=sig,
         )
 
     def close(self) -> None:
-        """Release the environment; later ``execute()`` calls raise."""
-        if self._closed:
-            return
-        self._closed = True
+        """Release the environment; later ``execute()`` calls raise.
+
+        A command still running is stopped (SIGTERM, then SIGKILL after
+        ``kill_grace_s``) and ``close()`` returns once it is gone.
+        """
+        with self._running_cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing.set()
+            # Each running command sees the flag within one poll; it then takes
+            # at most the grace and a reap to end.
+            limit = time.monotonic() + self.config.kill_grace_s + 30.0
+            while self._running and (left := limit - time.monotonic()) > 0:
+                self._running_cv.wait(left)
+            if self._running:
+                _log.warning("%r: %d command(s) still running at close", self, self._running)
         try:
             # Background processes die with the environment, unless detached.
             for registry in list(self._process_registries):
@@ -399,7 +451,7 @@ class BaseEnvironment(abc.ABC):
                     break  # bash reported and is exiting; background children may hold the pipe
                 now = time.monotonic()
                 if reason is None:
-                    if cancel is not None and cancel.is_set():
+                    if (cancel is not None and cancel.is_set()) or self._closing.is_set():
                         reason = "cancel"
                     elif deadline is not None and now >= deadline:
                         reason = "timeout"
@@ -415,6 +467,10 @@ class BaseEnvironment(abc.ABC):
                         exited_at = now
                     elif now - exited_at > _DRAIN_S:
                         break
+            if reason is not None and kill_at is not None and not isinstance(handle, ChannelCommand):
+                # bash ended on SIGTERM within the grace; what it started may not have.
+                # (A channel's server sweeps a killed command's leftovers itself.)
+                self._finish_kill(handle, wrapped, kill_at)
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
@@ -424,6 +480,17 @@ class BaseEnvironment(abc.ABC):
             code = self._reap(handle, finished=splitter.done or reason is None)
             # Per-command facts a handle knows (OOM, recreated): on this result only.
             run.notes = tuple(getattr(handle, "notes", ()) or ())
+            run.usage = getattr(handle, "usage", None)
+            run.signal = -code if code < 0 else None
+        except BaseException:
+            # An on_output callback raised, or the caller was interrupted: the
+            # command must not outlive the call.
+            try:
+                self._stop(handle, wrapped, graceful=False)
+                self._reap(handle, finished=False)
+            except Exception:  # noqa: BLE001 - the first exception is the one to report
+                _log.exception("%r: stopping the command after an error failed", self)
+            raise
         finally:
             try:
                 stdout.close()
@@ -487,6 +554,17 @@ class BaseEnvironment(abc.ABC):
                 self._note(f"resident shell channel not available ({pool.refused}); one process per command")
         return self._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
 
+    def _finish_kill(self, handle: ProcessHandle, wrapped: WrappedCommand, kill_at: float) -> None:
+        """Send the pending SIGKILL on time, unless the whole tree is already gone."""
+        while True:
+            if self._tree_alive(handle, wrapped) is False:
+                return
+            left = kill_at - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, _POLL_S))
+        self._kill_tree(handle, wrapped, graceful=False)
+
     def _state_from_file(
         self, wrapped: WrappedCommand, frame: tuple[int, str, str | None]
     ) -> tuple[int, str, str] | None:
@@ -520,6 +598,20 @@ class BaseEnvironment(abc.ABC):
                 handle.kill()
                 return handle.wait(timeout=5.0)
             raise BackendError(f"{self.name}: lost the command: {exc!r}") from exc
+
+
+def _end_reason(run: _Run, exit_code: int, usage: Usage) -> tuple[EndReason, int | None]:
+    if run.timed_out:
+        return EndReason.TIMED_OUT, None
+    if run.interrupted:
+        return EndReason.CANCELLED, None
+    if usage.oom_killed:
+        return EndReason.OOM_KILLED, 9
+    if run.signal is not None:
+        return EndReason.SIGNALED, run.signal
+    if 128 < exit_code <= 128 + 64:
+        return EndReason.SIGNALED, exit_code - 128
+    return EndReason.EXITED, None
 
 
 def _frame(raw: tuple[int, str, str]):

@@ -24,6 +24,7 @@ builtin set -m 2>/dev/null || { builtin printf '%sNset -m failed\n' "$__hc_mark"
 # The child is one level below the server, as if the target had started it.
 [[ -n $SHLVL ]] && builtin export SHLVL=$((SHLVL - 1))
 __hc_cur= __hc_runner= __hc_relay= __hc_o= __hc_killed=
+declare -A __hc_signalled=()
 __hc_lc_set=${LC_ALL+1} __hc_lc=$LC_ALL
 LC_ALL=C
 
@@ -95,6 +96,8 @@ __hc_kill() {  # SIG: stop, signal and resume every process of the command's tre
       all+=("$p")
       todo+=(${kids[$p]})
     done
+    # Remembered: one that setsid()s and loses its parent is still swept at the end.
+    for p in "${all[@]}"; do __hc_signalled[$p]=1; done
     ((${#all[@]})) || return 0
     builtin kill -STOP "${all[@]}" 2>/dev/null
     builtin kill "-$sig" "${all[@]}" 2>/dev/null
@@ -118,7 +121,11 @@ __hc_end() {  # id: the report reached the client; stop the relay, then say so
   fi
   [[ -n $__hc_runner ]] && builtin wait "$__hc_runner" 2>/dev/null
   # A killed command's bash is gone; whatever is left of its tree goes too.
-  [[ -n $__hc_killed ]] && __hc_kill KILL
+  if [[ -n $__hc_killed ]]; then
+    __hc_kill KILL
+    ((${#__hc_signalled[@]})) && builtin kill -KILL "${!__hc_signalled[@]}" 2>/dev/null
+  fi
+  __hc_signalled=()
   __hc_relay= __hc_cur= __hc_runner= __hc_killed=
   builtin printf '%sD%s\n' "$__hc_mark" "$1"
   __hc_new_relay

@@ -8,7 +8,7 @@ from hermes_env_core.testing import EnvironmentConformance
 
 
 class TestDaytonaConformance(EnvironmentConformance):
-    """The sandbox runs commands with bash, as the emulator does by default: scripts run in it directly."""
+    """The default snapshot: the daemon runs commands with zsh (dash stands in here)."""
 
     # Every example is a round trip through the SDK and the emulator's HTTP server.
     hypothesis_examples = 25
@@ -18,15 +18,11 @@ class TestDaytonaConformance(EnvironmentConformance):
         return make_env(timeout=60)
 
 
-class TestDaytonaConformanceNonBashShell(EnvironmentConformance):
-    """The sandbox runs commands with another shell (zsh in Daytona's default snapshots): ``exec bash -c``."""
+class TestDaytonaConformanceBashImage(EnvironmentConformance):
+    """A sandbox whose daemon runs commands with bash (a Debian-based image such as python:3.12-slim)."""
 
     hypothesis_examples = 10
 
     @pytest.fixture
-    def environment(self, emu, make_env):
-        emu.exec_shell = "sh"
-        env = make_env(timeout=60)
-        env.execute("true")
-        assert env._shells == {env.sandbox.id: False}
-        return env
+    def environment(self, make_env):
+        return make_env(image="python:3.12-slim", timeout=60)
