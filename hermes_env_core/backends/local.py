@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from ..environment.base import BaseEnvironment
 from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
-from ..environment.options import EnvironmentConfig
+from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
@@ -99,6 +99,12 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    # Here a new process is as cheap as the channel's fork in the server, and
+    # it reports peak memory: the resident channel is opt-in.
+    channel: bool = Field(
+        default_factory=lambda: channel_default(False),
+        description="Run commands through a resident bash child (default off on local; HERMES_ENV_CHANNEL=1 sets it).",
+    )
 
     @field_validator("env")
     @classmethod
@@ -277,7 +283,7 @@ class LocalEnvironment(BaseEnvironment):
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
         try:
-            proc = _GroupPopen(
+            proc = subprocess.Popen(
                 [self._bash, *argv[1:]],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -292,7 +298,10 @@ class LocalEnvironment(BaseEnvironment):
         _widen_pipe(proc.stdout.fileno())
 
         def stop() -> None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
+            except (ProcessLookupError, PermissionError):
+                pass
             proc.wait()
 
         return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)

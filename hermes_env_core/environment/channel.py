@@ -29,6 +29,7 @@ from importlib import resources
 from typing import IO, Protocol, runtime_checkable
 
 from ..errors import BackendError, EnvironmentUnavailable
+from .result import Usage
 
 __all__ = [
     "BOOT_ARGV",
@@ -163,6 +164,8 @@ class ChannelCommand:
         self.killed = False
         self.notes: tuple[str, ...] = ()
         self.started = time.time()
+        #: CPU of the command's tree as the target counted it (no peak memory: bash cannot tell)
+        self.usage: Usage | None = None
         #: called once with (self, exit code) before ``wait`` returns it; may raise ``BackendError``
         self.on_exit: Callable[[ChannelCommand, int], None] | None = None
         self._done = threading.Event()
@@ -226,6 +229,7 @@ class Channel:
         self._mark = b"\x1e" + self._nonce.encode() + b":"
         self._wlock = threading.Lock()
         self._lock = threading.Lock()
+        self._usage: Usage | None = None
         self._queue: deque[ChannelCommand] = deque()  # sent, report not yet seen
         self._ending: int | None = None  # id whose D is awaited (late output dropped)
         self._next_id = 0
@@ -353,7 +357,16 @@ class Channel:
                 if len(buf) - idx > 4096:
                     raise BackendError("malformed server line")
                 return buf[idx:]
-            self._message(buf[idx + len(mark) : nl].decode("utf-8", "replace"))
+            line = buf[idx + len(mark) : nl].decode("utf-8", "replace")
+            if line.startswith("U"):
+                # `times`: this line is the runner's own, the next its children's.
+                nl2 = buf.find(b"\n", nl + 1)
+                if nl2 < 0:
+                    return buf[idx:]
+                self._usage = _parse_times(buf[nl + 1 : nl2].decode("ascii", "replace"))
+                buf = buf[nl2 + 1 :]
+                continue
+            self._message(line)
             buf = buf[nl + 1 :]
         return b""
 
@@ -375,6 +388,7 @@ class Channel:
                     raise BackendError(f"exit report for an unknown command: {line!r}")
                 self._queue.popleft()
                 self._ending = cmd.cid
+            cmd.usage, self._usage = self._usage, None
             # Acknowledge first, so that a command sent next finds the relay gone.
             self._send(b"A %d\n" % cmd.cid)
             cmd._finish(int(rc_s))
@@ -481,6 +495,15 @@ def _partial_suffix(data: bytes, marker: bytes) -> int:
             return len(data) - start
         start = data.find(marker[:1], start + 1)
     return 0
+
+
+def _parse_times(line: str) -> Usage | None:
+    """``0m1.250s 0m0.031s`` (user, system) as a ``Usage``."""
+    try:
+        user, system = (int(m) * 60 + float(sec.rstrip("s")) for m, _, sec in (w.partition("m") for w in line.split()))
+    except ValueError:
+        return None
+    return Usage(cpu_user_s=user, cpu_system_s=system)
 
 
 def _widen(fd: int) -> None:

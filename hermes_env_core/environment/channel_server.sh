@@ -7,7 +7,8 @@
 #   A id                            the client has the command's report: end its relay
 #   K id SIG                        signal the command's whole tree
 #   Q                               quit
-# Replies are lines starting with MARK = 0x1e nonce ':'  (H hello, N no, X exit, D done).
+# Replies are lines starting with MARK = 0x1e nonce ':'  (H hello, N no, X exit, D done;
+# U: the runner's `times`, whose second line, the children's CPU, follows).
 __hc_mark=$'\036'@NONCE@:
 if ! ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= @MINVER@)); then
   builtin printf '%sNbash %s is older than the server needs\n' "$__hc_mark" "$BASH_VERSION"
@@ -68,7 +69,9 @@ __hc_runner_main() {  # id login stdin-present
   # The child gets the locale the server was started with.
   if [[ -n $__hc_lc_set ]]; then LC_ALL=$__hc_lc; else builtin unset -v LC_ALL; fi
   __hc_child "$2" "$3"
-  builtin printf '%sX%s %d\n' "$__hc_mark" "$1" "$?" >&"$__hc_o"
+  local rc=$?
+  # CPU time of the command's tree (the children line of `times`), then the exit.
+  { builtin printf '%sU' "$__hc_mark"; builtin times; builtin printf '%sX%s %d\n' "$__hc_mark" "$1" "$rc"; } >&"$__hc_o"
 }
 
 __hc_kill() {  # SIG: stop, signal and resume every process of the command's tree

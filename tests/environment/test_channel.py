@@ -22,7 +22,7 @@ from hermes_env_core.testing import wait_until
 
 @pytest.fixture
 def env():
-    with LocalEnvironment(timeout=60) as e:
+    with LocalEnvironment(timeout=60, channel=True) as e:
         e.execute("true")
         assert e.channel_mode == "channel"
         yield e
@@ -88,7 +88,7 @@ def test_timeout_leaves_the_same_channel_usable(env):
 
 
 def test_concurrent_commands_open_channels_up_to_the_limit():
-    with LocalEnvironment(max_channels=2) as e:
+    with LocalEnvironment(max_channels=2, channel=True) as e:
         e.execute("true")
         barrier = "/tmp/hermes_t_bar_" + os.urandom(4).hex()
         results = []
@@ -132,7 +132,7 @@ def test_server_killed_while_idle_is_noted_on_the_next_command(env):
 
 def test_old_bash_falls_back_to_processes_with_a_note(monkeypatch):
     monkeypatch.setattr(channel_mod, "SERVER_MIN_BASH", 9999)
-    with LocalEnvironment() as e:
+    with LocalEnvironment(channel=True) as e:
         r = e.execute("echo hi")
         assert r.output == "hi\n"
         assert any("one process per command" in n for n in r.notes)
@@ -165,3 +165,14 @@ def test_huge_output_streams_with_bounded_memory(env):
     assert r.truncated and r.output.endswith("z\nEND\n")
     assert r.dropped_bytes > 190_000_000
     assert time.monotonic() - t0 < 60
+
+
+def test_usage_through_the_channel_has_the_trees_cpu(env):
+    burn = 'python3 -c "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"'
+    r = env.execute(f"{burn}; echo done")
+    assert r.output == "done\n"
+    assert r.usage.cpu_user_s is not None and r.usage.cpu_system_s is not None
+    assert r.usage.cpu_user_s + r.usage.cpu_system_s >= 0.4
+    assert r.usage.max_rss_bytes is None  # bash cannot tell; the process path can
+    r = env.execute("kill -9 $$")
+    assert (r.exit_code, r.signal) == (137, 9)
