@@ -19,6 +19,7 @@ __all__ = [
     "SyncError",
     "UnsafeArchiveError",
     "UnsupportedOperation",
+    "UsageError",
 ]
 
 
@@ -40,6 +41,10 @@ class EnvironmentClosedError(EnvironmentUnavailable):
 
 class ConfigError(HermesEnvError, ValueError):
     """A configuration value is missing, unknown or invalid."""
+
+
+class UsageError(HermesEnvError, ValueError):
+    """A request that cannot be carried out as given: no command, an unknown process id."""
 
 
 class BackendNotFoundError(HermesEnvError, LookupError):
@@ -67,4 +72,10 @@ class SyncError(HermesEnvError):
 
 
 class UnsafeArchiveError(SyncError):
-    """A pulled-back archive holds a path, link or size that is refused."""
+    """A pulled-back archive holds a path, link or size that is refused.
+
+    ``report``: the ``PullResult`` of the refused pull (its ``refused`` names
+    the archive and why), when pull-back raised it.
+    """
+
+    report: object | None = None

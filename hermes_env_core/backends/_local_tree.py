@@ -13,10 +13,11 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import psutil
 
-__all__ = ["CommandCgroup", "ProcessTree", "cgroup_pool", "stop_all"]
+__all__ = ["CommandCgroup", "ProcessTree", "cgroup_pool", "stop_all", "wait_dead"]
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +200,7 @@ class ProcessTree:
                 self.seen.setdefault(kid.pid, kid)
 
     def alive(self) -> list[psutil.Process]:
-        out = []
-        for proc in self.seen.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc)
-            except psutil.Error:
-                continue
-        return out
+        return [proc for proc in self.seen.values() if _live(proc)]
 
     def signal(self, sig: int) -> None:
         procs = self.alive()
@@ -219,6 +213,30 @@ class ProcessTree:
                     pass
 
 
+def _live(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_dead(procs: list[psutil.Process], timeout: float) -> bool:
+    """Wait until each of ``procs`` has exited (a zombie counts: it runs no
+    more, and only its parent can reap it). True when all have."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        procs = [p for p in procs if _live(p)]
+        if not procs:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        # psutil.wait_procs would wait for a zombie to be reaped by its parent.
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
+
+
 def _wait_gone(pids: list[int], timeout: float) -> None:
     procs = []
     for pid in pids:
@@ -226,7 +244,7 @@ def _wait_gone(pids: list[int], timeout: float) -> None:
             procs.append(psutil.Process(pid))
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=timeout)
+    wait_dead(procs, timeout)
 
 
 def stop_all(cgroup: CommandCgroup | None, tree: ProcessTree, sig: int) -> None:

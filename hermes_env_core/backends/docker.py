@@ -22,8 +22,10 @@ from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
+from ..config import memory_bytes
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
-from ._docker_exec import KILL_DONE, MARKER_VAR, ExecHandle, ExecStream, kill_script
+from ._docker_exec import MARKER_VAR, ExecHandle, ExecStream
+from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 __all__ = ["DEFAULT_CAPABILITIES", "DockerConfig", "DockerEnvironment", "parse_size", "reap_orphans"]
 
@@ -99,6 +101,8 @@ class DockerEnvironment(BaseEnvironment):
     stdin_mode: ClassVar[Literal["pipe"]] = "pipe"
     records_pid: ClassVar[bool] = False  # the tree is found by a marker in the exec's environment
     config_model: ClassVar[type[EnvironmentConfig]] = DockerConfig
+    #: What keeps the container after close, for a detached background process (found again by task id).
+    background_options: ClassVar[dict[str, Any]] = {"persistent": True}
 
     def __init__(self, config: DockerConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -123,6 +127,21 @@ class DockerEnvironment(BaseEnvironment):
             raise
 
     # -- public -----------------------------------------------------------------------
+    @classmethod
+    def target_exists(cls, config: DockerConfig) -> bool:
+        """Whether the persistent container of ``config.task_id`` exists, asked without creating anything."""
+        if not (config.persistent and config.task_id):
+            return False
+        docker = _sdk()
+        api, host = _engine(config.docker_host)
+        try:
+            api.inspect_container(reaper.container_name(config.task_id, persistent=True))
+            return True
+        except docker.errors.NotFound:
+            return False
+        except Exception as exc:
+            raise EnvironmentUnavailable(f"docker: cannot reach the Docker engine at {host}: {exc}") from exc
+
     @property
     def container_id(self) -> str | None:
         return self._box["id"]
@@ -255,7 +274,7 @@ class DockerEnvironment(BaseEnvironment):
             path: f"rw,{flags},nosuid,nodev,size={parse_size(size)},mode={'755' if path == '/run' else '1777'}"
             for path, size in cfg.tmpfs.items()
         }
-        memory = parse_size(cfg.memory) if cfg.memory else None
+        memory = memory_bytes(cfg.memory) if cfg.memory else None
         return self._api.create_host_config(
             cap_drop=["ALL"],
             cap_add=list(cfg.cap_add) or None,
@@ -263,7 +282,7 @@ class DockerEnvironment(BaseEnvironment):
             pids_limit=cfg.pids_limit,
             mem_limit=memory,
             memswap_limit=memory,
-            nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
+            nano_cpus=int(cfg.cpu * 1e9) if cfg.cpu else None,
             read_only=cfg.read_only_root,
             tmpfs=tmpfs or None,
             network_mode=cfg.network_mode,
@@ -383,7 +402,7 @@ class DockerEnvironment(BaseEnvironment):
         except Exception as exc:
             raise self._error("attach to a command", exc) from exc
         handle.nonce = nonce  # type: ignore[attr-defined]
-        handle.root_pid = None  # type: ignore[attr-defined]
+        handle.seen = set()  # type: ignore[attr-defined]  # pid:starttime of the command's processes
         handle._killer = lambda graceful: self._signal_tree(handle, graceful)
         return handle
 
@@ -425,7 +444,10 @@ class DockerEnvironment(BaseEnvironment):
             raise self._error("open a channel", exc) from exc
 
     def _channel_command_exited(self, handle: Any, code: int) -> None:
+        cpu = handle.usage  # what the server measured; the engine adds whether the OOM killer struck
         self._after_exec(handle, code)
+        if handle.usage is not cpu and cpu is not None:
+            handle.usage = handle.usage.merged(cpu)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if isinstance(handle, ExecHandle):
@@ -434,24 +456,42 @@ class DockerEnvironment(BaseEnvironment):
         else:
             super()._kill_tree(handle, wrapped, graceful=graceful)
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        if not isinstance(handle, ExecHandle) or getattr(handle, "nonce", None) is None:
+            return None
+        found = self._tree_exec(handle, "0")
+        return None if found is None else bool(found)
+
     def _signal_tree(self, handle: ExecHandle, graceful: bool) -> None:
         """Signal the command's processes inside the container, from a second exec."""
-        nonce, pid = getattr(handle, "nonce", None), getattr(handle, "root_pid", None)
-        if nonce is None and pid is None:
-            return
-        script = kill_script("TERM" if graceful else "KILL", nonce=nonce, pid=pid)
+        self._tree_exec(handle, "TERM" if graceful else "KILL")
+
+    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str] | None:
+        """Run the tree script for ``handle``'s command; the processes it found
+        (None when the script could not run).
+
+        They are the processes carrying the exec's marker, plus those an earlier
+        call found (a process that cleared its environment but was seen before)."""
+        nonce = getattr(handle, "nonce", None)
+        if nonce is None:
+            return None
+        seen: set[str] = getattr(handle, "seen", set())
+        script = tree_script(sig, None, marker=f"{MARKER_VAR}={nonce}", known=seen)
         out = b""
         for attempt in range(4):
             if attempt == 3:
                 out = self._with_spare_pids(lambda: self._kill_exec(script))
             else:
                 out = self._kill_exec(script)
-            if KILL_DONE in out or not out.startswith(b"OCI runtime exec failed"):
+            if TREE_DONE.encode() in out or not out.startswith(b"OCI runtime exec failed"):
                 break
             time.sleep(0.05 * (attempt + 1))  # no pid free for the helper yet
-        words = out.split()
-        if KILL_DONE in out and words[0].isdigit():
-            handle.root_pid = int(words[0])  # type: ignore[attr-defined]
+        if TREE_DONE.encode() not in out:
+            return None
+        found = parse_tree_output(out)
+        seen |= found
+        handle.seen = seen  # type: ignore[attr-defined]
+        return found
 
     def _kill_exec(self, script: str) -> bytes:
         # Under a full pids limit the helper's own exit can take seconds to be
@@ -461,7 +501,7 @@ class DockerEnvironment(BaseEnvironment):
         except EnvironmentUnavailable:
             return b""  # the container is gone; so is the tree
         try:
-            return helper.read_until(KILL_DONE, timeout=15.0)
+            return helper.read_until(TREE_DONE.encode(), timeout=15.0)
         finally:
             helper.abandon()
 
@@ -486,9 +526,8 @@ class DockerEnvironment(BaseEnvironment):
     def _after_exec(self, handle: ExecHandle, code: int) -> None:
         """Sweep up after a kill; on SIGKILL, tell a dead container from the memory limit."""
         if handle.killed:
-            # bash is gone; whatever is left in its process group goes too.
-            pid = getattr(handle, "root_pid", None)
-            if pid is not None:
+            # bash is gone; whatever is left of its tree goes too.
+            if getattr(handle, "seen", None):
                 self._signal_tree(handle, False)
             return
         if code not in (137, -1):

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 from urllib.parse import urlsplit
 
-import psutil
 from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
@@ -31,7 +30,7 @@ from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
-from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all
+from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
     "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
@@ -177,7 +176,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     def wait(self, timeout: float | None = None) -> int:
         code = self._wait_bash(timeout)
         if self.stopping and self.tree is not None:
-            psutil.wait_procs(self.tree.alive(), timeout=5.0)
+            wait_dead(self.tree.alive(), 5.0)
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
             cg.release(keep_alive=not self.stopping)
@@ -215,6 +214,8 @@ class LocalEnvironment(BaseEnvironment):
     """Runs commands on this machine."""
 
     name = "local"
+    #: A detached background process needs nothing to outlive close: this machine stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
     config_model = LocalConfig

@@ -119,9 +119,7 @@ def test_timeout_kills_setsid_descendant(make_env):
     _assert_gone(token)
 
 
-def test_timeout_kills_setsid_descendant_ignoring_term(make_env, request):
-    if make_env.kind in ("ssh", "docker"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="remote kill forgets the tree once bash exits"))
+def test_timeout_kills_setsid_descendant_ignoring_term(make_env):
     token = _token()
     env = make_env(kill_grace_s=0.5)
     r = env.execute(

@@ -13,6 +13,7 @@ import re
 import secrets
 import shlex
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.base import BaseEnvironment
@@ -24,7 +25,7 @@ from hermes_env_core.errors import BackendError, EnvironmentClosedError, Environ
 from . import _sdk
 from ._commands import ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line
 from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
-from .config import DaytonaConfig
+from .config import DaytonaConfig, memory_gib
 
 if TYPE_CHECKING:
     from hermes_env_core.sync import PullResult, PushResult, SyncEngine
@@ -94,7 +95,7 @@ class DaytonaEnvironment(BaseEnvironment):
                 SyncMapping(host=m.host, remote=m.remote, include=m.include, exclude=m.exclude, upload_only=m.upload_only)
                 for m in cfg.sync
             ]
-            self._sync = SyncEngine(DaytonaSyncTransport(self), mappings, interval=cfg.sync_interval)
+            self._sync = SyncEngine(DaytonaSyncTransport(self), mappings, interval=cfg.sync_interval_s)
 
     # -- requirements and the client -----------------------------------------------
     @classmethod
@@ -141,7 +142,7 @@ class DaytonaEnvironment(BaseEnvironment):
         out = []
         for what, value, cap, unit in (
             ("cpu", cfg.cpu, cfg.max_cpu, ""),
-            ("memory", cfg.memory, cfg.max_memory, " GiB"),
+            ("memory", memory_gib(cfg.memory) if cfg.memory is not None else None, cfg.max_memory, " GiB"),
             ("disk", cfg.disk, cfg.max_disk, " GiB"),
         ):
             if value is not None and value > cap:
@@ -249,36 +250,82 @@ class DaytonaEnvironment(BaseEnvironment):
         )
 
     def _bring_up(self, sb: Any, *, resumed: bool) -> Any:
-        """Wait for, start or recover ``sb`` until it runs; None if it is gone."""
+        """Wait for, start or recover ``sb`` until it runs; a new sandbox if it is gone.
+
+        A sandbox on its way down (``stopping``, ``archiving``, ``pausing``:
+        auto-stop, auto-archive, the dashboard) is waited for until it settles,
+        then started: the API refuses a start meanwhile (409), and the SDK's
+        ``wait_for_sandbox_stop`` would wait for ``stopped`` where an archiving
+        sandbox ends ``archived``. A start refused because the state moved on
+        (auto-archive began) waits and starts again, within ``start_timeout``.
+        """
         timeout = self._cfg.start_timeout
-        state = _sdk.state_of(sb)
+        deadline = time.monotonic() + timeout
         what = f"{'resuming' if resumed else 'starting'} sandbox {self.sandbox_name}"
-        if state == "started":
+        first = _sdk.state_of(sb)
+        if first == "started":
             if resumed:
                 self._note(f"resumed running sandbox {self.sandbox_name}")
             return sb
-        if state in _sdk.GOING_DOWN:
-            self._lifecycle(what, lambda: sb.wait_for_sandbox_stop(timeout=timeout))
+        for _attempt in range(4):
             state = _sdk.state_of(sb)
-        if state in _sdk.RESUMABLE:
-            self._lifecycle(what, lambda: sb.start(timeout=timeout))
-            self._note(f"{'resumed' if resumed else 'restarted'} {state} sandbox {self.sandbox_name}")
-        elif state in _sdk.COMING_UP:
-            self._lifecycle(what, lambda: sb.wait_for_sandbox_start(timeout=timeout))
-        elif state in _sdk.BROKEN:
-            if not getattr(sb, "recoverable", False):
-                raise self._broken(sb, what)
-            self._lifecycle(f"recovering sandbox {self.sandbox_name}", lambda: sb.recover(timeout=timeout))
-            self._note(f"recovered sandbox {self.sandbox_name} from state {state}")
-        elif state in _sdk.GONE:
-            return self._create()
-        else:
-            raise EnvironmentUnavailable(f"daytona: {what}: sandbox {self.sandbox_name} is in unknown state {state!r}")
+            if state in _sdk.GOING_DOWN:
+                if not self._settle(sb, what, deadline):
+                    self._note(f"sandbox {self.sandbox_name} was deleted; created a new one (session state restored)")
+                    self._lost_files()
+                    return self._create()
+                state = _sdk.state_of(sb)
+            left = max(deadline - time.monotonic(), 1.0)
+            if state == "started":
+                break
+            if state in _sdk.RESUMABLE:
+                try:
+                    _sdk.call_with_rate_limit(lambda: sb.start(timeout=left))
+                except self._sdk.DaytonaConflictError:
+                    self._lifecycle(what, sb.refresh_data)  # it moved on meanwhile: look again
+                    continue
+                except self._sdk.DaytonaError as exc:
+                    raise self._error(exc, what) from exc
+                self._note(f"{'resumed' if resumed else 'restarted'} {state} sandbox {self.sandbox_name}")
+            elif state in _sdk.COMING_UP:
+                self._lifecycle(what, lambda: sb.wait_for_sandbox_start(timeout=left))
+            elif state in _sdk.BROKEN:
+                if not getattr(sb, "recoverable", False):
+                    raise self._broken(sb, what)
+                self._lifecycle(f"recovering sandbox {self.sandbox_name}", lambda: sb.recover(timeout=left))
+                self._note(f"recovered sandbox {self.sandbox_name} from state {state}")
+            elif state in _sdk.GONE:
+                return self._create()
+            else:
+                raise EnvironmentUnavailable(
+                    f"daytona: {what}: sandbox {self.sandbox_name} is in unknown state {state!r}"
+                )
+            if _sdk.state_of(sb) == "started":
+                break
         if _sdk.state_of(sb) != "started":
             raise EnvironmentUnavailable(
                 f"daytona: {what}: sandbox {self.sandbox_name} is {_sdk.state_of(sb)}, not started"
             )
         return sb
+
+    def _settle(self, sb: Any, what: str, deadline: float) -> bool:
+        """Wait until ``sb`` has finished going down (stopped, archived, paused or broken); False if deleted."""
+        delay = 0.1
+        while _sdk.state_of(sb) in _sdk.GOING_DOWN:
+            if time.monotonic() >= deadline:
+                raise EnvironmentUnavailable(
+                    f"daytona: {what}: sandbox {self.sandbox_name} was still {_sdk.state_of(sb)} after "
+                    f"{self._cfg.start_timeout:g}s (start_timeout); try again later or raise start_timeout"
+                )
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
+            delay = min(delay * 1.5, 2.0)
+            try:
+                _sdk.call_with_rate_limit(sb.refresh_data)
+            except self._sdk.DaytonaNotFoundError:
+                return False
+            except self._sdk.DaytonaError as exc:
+                raise self._error(exc, what) from exc
+        return True
 
     def _apply_auto_stop(self, sb: Any) -> None:
         want = self._cfg.auto_stop_interval
@@ -566,7 +613,7 @@ class DaytonaEnvironment(BaseEnvironment):
     # -- the end ------------------------------------------------------------------------
     def cleanup(self) -> None:
         sb, errors = self._sandbox, []
-        if sb is not None and self._sync is not None and self._cfg.pull_on_cleanup:
+        if sb is not None and self._sync is not None and self._cfg.pull_on_close:
             try:
                 self._sync.pull()
             except HermesEnvError as exc:

@@ -1,10 +1,19 @@
-"""The hermes-env conformance suite against the real daytona SDK and the local emulator."""
+"""The hermes-env conformance suite against the real daytona SDK and the local emulator,
+with the service's latencies switched on: every request takes a network delay, exit
+statuses come after the output, and output tails come after the exit status.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from hermes_env_core.testing import EnvironmentConformance
+
+
+def realistic(emu) -> None:
+    emu.latency = 0.01  # each way through the proxy: 20 ms a round trip
+    emu.exit_status_delay = 0.05
+    emu.output_after_exit = 0.05
 
 
 class TestDaytonaConformance(EnvironmentConformance):
@@ -14,7 +23,8 @@ class TestDaytonaConformance(EnvironmentConformance):
     hypothesis_examples = 25
 
     @pytest.fixture
-    def environment(self, make_env):
+    def environment(self, emu, make_env):
+        realistic(emu)
         return make_env(timeout=60)
 
 
@@ -24,5 +34,6 @@ class TestDaytonaConformanceBashImage(EnvironmentConformance):
     hypothesis_examples = 10
 
     @pytest.fixture
-    def environment(self, make_env):
+    def environment(self, emu, make_env):
+        realistic(emu)
         return make_env(image="python:3.12-slim", timeout=60)

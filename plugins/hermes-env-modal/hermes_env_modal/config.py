@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from hermes_env_core.config import MemorySize, memory_bytes
 from hermes_env_core.environment.options import EnvironmentConfig
 from hermes_env_core.errors import ConfigError
 
@@ -47,6 +48,11 @@ class SyncMappingConfig(BaseModel):
     upload_only: bool = Field(False, description="Pushed but never pulled back (credentials).")
 
 
+def memory_mib(size: str) -> int:
+    """A ``memory`` option in MiB, as Modal takes it (rounded up)."""
+    return -(-memory_bytes(size) // (1 << 20))
+
+
 class ModalConfig(EnvironmentConfig):
     """Options of the modal backend.
 
@@ -66,12 +72,12 @@ class ModalConfig(EnvironmentConfig):
     image_id: str | None = Field(None, description="An existing Modal image id (im-...); wins over image.")
     workdir: str | None = Field(None, description="Working directory the sandbox starts in.")
     cpu: float | None = Field(None, gt=0, description="CPU cores requested.")
-    memory: int | None = Field(None, gt=0, description="Memory requested, MiB.")
+    memory: MemorySize | None = Field(None, description="Memory requested, such as '2g' or '512m'.")
     region: str | None = Field(None, description="Region to run the sandbox in.")
     block_network: bool = Field(False, description="Cut the sandbox off from the network.")
     sandbox_timeout: int = Field(3600, gt=0, description="Longest life of one sandbox, seconds.")
     idle_timeout: int | None = Field(None, gt=0, description="Seconds idle before Modal ends the sandbox.")
-    startup_timeout: float = Field(180.0, gt=0, description="Seconds to connect and create the sandbox.")
+    start_timeout: float = Field(180.0, gt=0, description="Seconds to connect and create the sandbox.")
     recreate: bool = Field(True, description="Start a new sandbox when the old one ended (timeout, terminate).")
     state_dir: str | None = Field(None, description="Sandbox directory for session files (default /dev/shm, else /tmp).")
 
@@ -81,7 +87,7 @@ class ModalConfig(EnvironmentConfig):
 
     # -- file sync -------------------------------------------------------------------
     sync: tuple[SyncMappingConfig, ...] = Field((), description="Host paths pushed before each command.")
-    sync_interval: float = Field(5.0, ge=0, description="Seconds between change checks of the synced trees.")
+    sync_interval_s: float = Field(5.0, ge=0, description="Seconds between change checks of the synced trees.")
     pull_on_close: bool = Field(True, description="Bring the sandbox's changes back at close.")
     credential_files: tuple[str, ...] = Field(
         (), description="Host files copied into the sandbox, never pulled back (direct mode only)."

@@ -29,7 +29,7 @@ from hermes_env_core.errors import (
 from ._loop import EventLoopThread
 from ._process import OutputBridge, SandboxProcess, pump, write_stdin
 from .backend import ModalEnvironment
-from .config import ModalConfig, credentials_missing_message, default_snapshot_store
+from .config import ModalConfig, credentials_missing_message, default_snapshot_store, memory_mib
 from .snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class DirectModalEnvironment(ModalEnvironment):
         try:
             self._modal, self._stream_type = _import_sdk()
             token_id, token_secret = self._credentials()
-            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.startup_timeout)
+            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.start_timeout)
             self._state = cfg.state_dir or self._probe_state_dir()
             mappings = cfg.sync_mappings()
             if mappings:
@@ -99,7 +99,7 @@ class DirectModalEnvironment(ModalEnvironment):
 
                 from .sync import ModalSyncTransport
 
-                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval)
+                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval_s)
         except BaseException as exc:
             self._teardown(snapshot=False, errors=[])
             raise self._translate(exc, "could not start a sandbox") from exc
@@ -119,7 +119,7 @@ class DirectModalEnvironment(ModalEnvironment):
     def sync_engine(self) -> SyncEngine | None:
         return self._sync
 
-    def pull(self) -> PullResult | None:
+    def pull_files(self) -> PullResult | None:
         """Bring the sandbox's changes to the synced trees back to the host now."""
         return self._sync.pull() if self._sync is not None else None
 
@@ -156,10 +156,12 @@ class DirectModalEnvironment(ModalEnvironment):
             "client": self._client,
             "timeout": cfg.sandbox_timeout,
         }
-        for key in ("workdir", "cpu", "memory", "region", "idle_timeout"):
+        for key in ("workdir", "cpu", "region", "idle_timeout"):
             value = getattr(cfg, key)
             if value is not None:
                 kwargs[key] = value
+        if cfg.memory is not None:
+            kwargs["memory"] = memory_mib(cfg.memory)
         if cfg.block_network:
             kwargs["block_network"] = True
         if cfg.env:
@@ -275,7 +277,7 @@ class DirectModalEnvironment(ModalEnvironment):
                 return  # another thread already replaced it
             old = dead.object_id
             try:
-                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.startup_timeout)
+                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.start_timeout)
             except Exception as exc:
                 raise self._translate(exc, f"sandbox {old} has ended and a new one could not be started") from exc
             if self._sync is not None:

@@ -26,7 +26,7 @@ from hermes_env_core.errors import (
 )
 
 from .backend import ModalEnvironment
-from .config import ModalConfig, default_snapshot_store
+from .config import ModalConfig, default_snapshot_store, memory_mib
 from .gateway import GatewayClient, SandboxEndedError
 from .snapshots import SnapshotStore
 
@@ -107,7 +107,7 @@ class ManagedModalEnvironment(ModalEnvironment):
             "workdir": cfg.workdir,
             "cwd": cfg.cwd,
             "cpu": cfg.cpu,
-            "memory": cfg.memory,
+            "memory": memory_mib(cfg.memory) if cfg.memory is not None else None,
             "region": cfg.region,
             "block_network": cfg.block_network,
             "timeout_s": cfg.sandbox_timeout,

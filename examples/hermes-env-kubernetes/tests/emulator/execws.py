@@ -100,11 +100,16 @@ async def handle_exec(emu: KubeEmulator, request: web.Request, namespace: str, n
                         break
                     channel, data, buf = buf[0], buf[8:8 + size], buf[8 + size:]
                     if data and channel in (STDOUT, STDERR):
+                        if loop.is_closed():
+                            return
                         asyncio.run_coroutine_threadsafe(ws.send_bytes(bytes([channel]) + data), loop).result()
         except Exception:  # noqa: BLE001, S110 - the client went away
             pass
         finally:
-            loop.call_soon_threadsafe(done.set)
+            try:
+                loop.call_soon_threadsafe(done.set)
+            except RuntimeError:
+                pass  # the emulator stopped first
 
     threading.Thread(target=pump, name="emu-exec-pump", daemon=True).start()
 

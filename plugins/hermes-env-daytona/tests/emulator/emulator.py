@@ -224,6 +224,7 @@ class DaytonaEmulator:
         self.exit_status_delay = 0.0
         self.output_after_exit = 0.0
         self.held_output_bytes = 256
+        self._state_changed = threading.Condition(self.lock)
         self._ticker_stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.max_total_cpu: int | None = None
@@ -388,6 +389,18 @@ class DaytonaEmulator:
             with sb.lock:
                 sb.recoverable = recoverable
 
+    def wait_state(self, sandbox_id: str, *states: str, timeout: float = 10.0) -> str:
+        """Block until the sandbox is in one of ``states`` (woken by each change); the state."""
+        sb = self.sandbox(sandbox_id)
+        end = time.monotonic() + timeout
+        with self._state_changed:
+            while sb.state not in states:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"sandbox {sandbox_id} is {sb.state}, not {'/'.join(states)}, after {timeout}s")
+                self._state_changed.wait(left)
+            return sb.state
+
     def create_next_in_state(self, state: str, *, reason: str | None = None) -> None:
         if state not in VALID_STATES:
             raise ValueError(f"unknown sandbox state {state!r}")
@@ -451,6 +464,8 @@ class DaytonaEmulator:
                 self._sandboxes.pop(sb.id, None)
             if not self.keep_files:
                 sb.remove_files()
+        with self._state_changed:
+            self._state_changed.notify_all()
         if old != state and dto is not None:
             self.events.state_changed(dto, old, state)
 
