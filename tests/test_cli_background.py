@@ -138,7 +138,10 @@ def test_a_docker_background_process_keeps_its_container_until_killed(cli, image
 
 @pytest.mark.docker
 def test_a_docker_background_process_that_exits_is_reported_and_its_container_removed(cli, image):
-    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "echo out; exit 3")
+    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "-o", 'env={"TOKEN_X": "s3cret"}',
+            "-o", "timeout=30", "echo out; exit 3")
+    kept = (cli.state / "processes.envs.json").read_text()
+    assert "s3cret" not in kept and "TOKEN_X" not in kept and '"timeout": 30' in kept
     pid_id = r.stdout.split()[0]
     task_id = _rows(cli)[pid_id]["where"].removeprefix("docker:")
     w = cli("wait", pid_id)
@@ -181,3 +184,23 @@ def test_a_container_removed_behind_our_back_makes_the_process_lost(cli, image):
     assert row["status"] == "lost" and row["note"] == f"its environment docker:{task_id} is gone"
     assert _container(task_id) is None  # ps did not create one to look
     assert _rows(cli)[pid_id]["status"] == "lost"  # and says so again
+
+
+@pytest.mark.docker
+def test_an_environment_given_on_the_command_line_is_used_to_check(cli, image, tmp_path):
+    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "-o", "task_id=bg-given-1", "sleep 300")
+    pid_id = r.stdout.split()[0]
+    envs_file = cli.state / "processes.envs.json"
+    try:
+        envs_file.write_text("{}")  # as for a process started from Python: nothing recorded to reopen it
+        row = _rows(cli)[pid_id]
+        assert row["status"] == "unknown" and "how to open that environment was not recorded" in row["note"]
+        args = ("--env", "docker", "-o", f"image={image}", "-o", "task_id=bg-given-1", "-o", "persistent=true")
+        rows = {r["id"]: r for r in json.loads(cli("ps", "--json", *args).stdout)}
+        assert rows[pid_id]["status"] == "running"
+        k = cli("kill", *args, pid_id)
+        assert k.returncode == 0 and "killed" in k.stdout, k.stderr
+    finally:
+        c = _container("bg-given-1")
+        if c is not None:
+            c.remove(force=True)

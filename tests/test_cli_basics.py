@@ -267,3 +267,51 @@ def test_a_hook_mistake_is_a_load_error_in_backends_and_doctor(make_dist, dist, 
     assert needle in doctor.stdout
     report = json.loads(cli("doctor", "--json", path=[site]).stdout)
     assert report["ok"] is False and needle in report["failed_plugins"][0]["error"]
+
+
+def _dependency_closure(name: str) -> list[importlib.metadata.Distribution]:
+    """The installed distribution ``name`` and everything it needs without extras."""
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    todo = [name]
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen[key] = dist
+        for req in dist.requires or []:
+            if "extra ==" in req.replace('"', "").replace("'", ""):
+                continue
+            todo.append(re.match(r"[A-Za-z0-9._-]+", req).group(0))
+    return list(seen.values())
+
+
+def test_a_builtin_whose_sdk_extra_is_missing_is_not_loadable(tmp_path):
+    # A real interpreter environment with the core and what it needs, but without the docker and ssh extras.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    [site] = (venv / "lib").glob("python3*/site-packages")
+    for dist in _dependency_closure("hermes-env-core"):
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()}:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (site / top).exists() and top not in ("..", "bin"):
+                (site / top).symlink_to(source)
+    script = venv / "bin" / "hermes-env"
+    lines = Path(HERMES_ENV).read_text().splitlines(keepends=True)
+    script.write_text(f"#!{venv / 'bin' / 'python'}\n" + "".join(lines[1:]))
+    script.chmod(0o755)
+    env = clean_env()
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import docker"], capture_output=True, env=env)
+    assert probe.returncode != 0  # the SDK really is absent there
+    proc = subprocess.run([str(script), "backends", "--json"], capture_output=True, text=True, env=env, timeout=WAIT)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["backends"]}
+    assert rows["local"]["loadable"] is True
+    assert rows["docker"]["loadable"] is False
+    assert rows["docker"]["reason"] == "needs 'docker', which is not installed: pip install 'hermes-env-core[docker]'"
+    assert rows["ssh"]["reason"] == "needs 'paramiko', which is not installed: pip install 'hermes-env-core[ssh]'"
+    text = subprocess.run([str(script), "backends"], capture_output=True, text=True, env=env, timeout=WAIT).stdout
+    assert re.search(r"^docker .* not loadable: needs 'docker', .*pip install 'hermes-env-core\[docker\]'", text, re.M)
+    run = subprocess.run([str(script), "run", "--env", "docker", "-o", "image=x", "true"], capture_output=True,
+                         text=True, env=env, timeout=WAIT)
+    assert run.returncode == 125 and "pip install 'hermes-env-core[docker]'" in run.stderr
