@@ -35,6 +35,10 @@ class BackendError(EnvironmentUnavailable):
     """The backend failed while a command was running (never a fake exit code)."""
 
 
+class TargetLostError(EnvironmentUnavailable):
+    """The target went away (container removed, sandbox ended): a ``Target`` raises it from ``start``."""
+
+
 class EnvironmentClosedError(EnvironmentUnavailable):
     """``execute()`` was called after ``cleanup()``."""
 

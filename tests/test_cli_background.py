@@ -184,3 +184,23 @@ def test_a_container_removed_behind_our_back_makes_the_process_lost(cli, image):
     assert row["status"] == "lost" and row["note"] == f"its environment docker:{task_id} is gone"
     assert _container(task_id) is None  # ps did not create one to look
     assert _rows(cli)[pid_id]["status"] == "lost"  # and says so again
+
+
+@pytest.mark.docker
+def test_an_environment_given_on_the_command_line_is_used_to_check(cli, image, tmp_path):
+    r = cli("run", "--background", "--env", "docker", "-o", f"image={image}", "-o", "task_id=bg-given-1", "sleep 300")
+    pid_id = r.stdout.split()[0]
+    envs_file = cli.state / "processes.envs.json"
+    try:
+        envs_file.write_text("{}")  # as for a process started from Python: nothing recorded to reopen it
+        row = _rows(cli)[pid_id]
+        assert row["status"] == "unknown" and "how to open that environment was not recorded" in row["note"]
+        args = ("--env", "docker", "-o", f"image={image}", "-o", "task_id=bg-given-1", "-o", "persistent=true")
+        rows = {r["id"]: r for r in json.loads(cli("ps", "--json", *args).stdout)}
+        assert rows[pid_id]["status"] == "running"
+        k = cli("kill", *args, pid_id)
+        assert k.returncode == 0 and "killed" in k.stdout, k.stderr
+    finally:
+        c = _container("bg-given-1")
+        if c is not None:
+            c.remove(force=True)

@@ -303,16 +303,26 @@ def _driver_of(env: BaseEnvironment, rec: dict[str, Any]) -> SandboxDriver | Non
 
 
 @contextlib.contextmanager
-def _checked(only: str | None = None) -> Iterator[tuple[ProcessRegistry, dict[str, _Found], dict[str, BaseEnvironment]]]:
-    """Recover every live process (or only ``only``) in its own environment, reopened; the rest as recorded."""
+def _checked(
+    args: argparse.Namespace, opener: EnvironmentOpener, only: str | None = None
+) -> Iterator[tuple[ProcessRegistry, dict[str, _Found], dict[str, BaseEnvironment]]]:
+    """Recover every live process (or only ``only``) in its own environment, reopened; the rest as recorded.
+
+    An environment named on the command line (``--env``, ``-o``) is opened as
+    given and used for the processes that run in it, in place of the recorded
+    way to reopen it (or where none was recorded: processes started from Python).
+    """
     envs = _load_envs()
     found: dict[str, _Found] = {}
     opened: dict[str, BaseEnvironment] = {}
     # Environments close after the registry is released: closing one must not touch what it follows.
     with contextlib.ExitStack() as stack, _registry() as reg:
+        if getattr(args, "env", None) or getattr(args, "option", None):
+            given = stack.enter_context(opener(args))
+            opened[env_key(given)] = given
         records = [r for r in reg.pending if only is None or r["id"] == only]
         for key in sorted({str(r.get("env_key")) for r in records}):
-            env, why = stack.enter_context(_reopen(key, envs))
+            env, why = (opened[key], None) if key in opened else stack.enter_context(_reopen(key, envs))
             mine = [r for r in records if r.get("env_key") == key]
             if env is None:
                 gone = bool(why and why.endswith("is gone"))
@@ -392,7 +402,7 @@ def _full_log(driver: SandboxDriver, end: int | None = None) -> bytes:
 
 
 def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
-    with _checked() as (reg, found, _):
+    with _checked(args, opener) as (reg, found, _):
         rows = []
         for item in found.values():
             if item.proc is not None:
@@ -466,7 +476,7 @@ def _row_of(rec: dict[str, Any], note: str | None = None) -> dict[str, Any]:
 
 def cmd_logs(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
     out = sys.stdout.buffer
-    with _checked(args.id) as (_, found, _opened):
+    with _checked(args, opener, args.id) as (_, found, _opened):
         item = _find(args.id, found)
         proc, driver = item.proc, _driver(item)
         saved = _saved_log(args.id)
@@ -507,7 +517,7 @@ def cmd_logs(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
 
 
 def cmd_kill(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
-    with _checked(args.id) as (_, found, _opened):
+    with _checked(args, opener, args.id) as (_, found, _opened):
         item = _find(args.id, found)
         proc = item.proc
         if proc is None and item.rec and item.rec.get("status") == STATUS_UNKNOWN:
@@ -527,7 +537,7 @@ def cmd_kill(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
 
 def cmd_wait(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    with _checked(args.id) as (reg, found, _opened):
+    with _checked(args, opener, args.id) as (reg, found, _opened):
         item = _find(args.id, found)
         proc = item.proc
         if proc is None:
