@@ -33,7 +33,7 @@ __all__ = ["CommandFollower", "SessionPool", "StartedCommand", "no_bash"]
 OUTPUT_GRACE_S = 2.0
 #: How long the exit status may lag behind the command's own end-of-output record.
 STATUS_GRACE_S = 30.0
-_FIRST_POLL_S = 0.005
+_FIRST_POLL_S = 0.002
 _LONGEST_POLL_S = 0.5
 _POLL_REQUEST_TIMEOUT_S = 30.0
 #: Without live output, the logs are looked at now and then (bounded work for a long command).
