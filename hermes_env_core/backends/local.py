@@ -38,8 +38,6 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "PYPI_TOKEN", "TWINE_PASSWORD", "DOCKER_AUTH_CONFIG", "SSH_AUTH_SOCK",
 )
 
-_SCRIPT_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
-
 
 def filter_environment(
     env: Mapping[str, str], *, passthrough: tuple[str, ...] = (), extra_blocked: tuple[str, ...] = ()
@@ -88,6 +86,7 @@ class LocalEnvironment(BaseEnvironment):
     name = "local"
     stdin_mode = "pipe"
     shares_host_filesystem = True
+    state_dir_private = True  # mkdtemp: 0700, random name
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:
@@ -110,15 +109,7 @@ class LocalEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         args = [self._bash, "-l"] if login else [self._bash]
-        pass_fds: tuple[int, ...] = ()
-        script_r = script_w = -1
-        if len(script) > _SCRIPT_ARG_LIMIT:
-            # Too long for one argv string: bash reads it from a pipe instead.
-            script_r, script_w = os.pipe()
-            pass_fds = (script_r,)
-            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
-        else:
-            args += ["-c", script, "bash"]
+        args += ["-c", script, "bash"]
         try:
             proc = _GroupPopen(
                 args,
@@ -127,16 +118,10 @@ class LocalEnvironment(BaseEnvironment):
                 stderr=subprocess.STDOUT,
                 env=self._env,
                 start_new_session=True,
-                pass_fds=pass_fds,
                 cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
             )
         except OSError as exc:
             raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
-        finally:
-            if script_r >= 0:
-                os.close(script_r)
-        if script_w >= 0:
-            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:
             _widen_pipe(proc.stdout.fileno())
         if stdin_data is not None:
