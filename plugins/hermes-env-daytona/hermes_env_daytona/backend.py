@@ -388,6 +388,10 @@ class DaytonaEnvironment(BaseEnvironment):
 
         return _Handle(live_target, name="hermes-daytona-exec")
 
+    def _put_private_file(self, path: str, data: bytes) -> None:
+        # The session's private script: uploaded into the 0700 state directory, never a command line.
+        self._upload(data, path)
+
     def _direct(self, sb: Any) -> bool:
         """Whether the sandbox runs commands with a plain (non-login) bash, asked once per sandbox."""
         known = self._shells.get(sb.id)
