@@ -22,11 +22,13 @@ from .environment import (
     EXIT_TIMEOUT,
     BaseEnvironment,
     CancelToken,
+    EndReason,
     EnvironmentConfig,
     ExecResult,
     ProcessHandle,
     StdinMode,
     ThreadedProcessHandle,
+    Usage,
 )
 from .errors import (
     BackendError,
@@ -78,7 +80,9 @@ __all__ = [
     "EnvironmentFactory",
     "EnvironmentPool",
     "EnvironmentUnavailable",
+    "EndReason",
     "ExecResult",
+    "Usage",
     "HermesEnvError",
     "PluginInfo",
     "PluginLoadError",

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
+from . import mcp as mcp_cli
 from .processes import cli as background_cli
 from .environment.base import BaseEnvironment
 from .environment.result import ExecResult
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[env_opts, cmd_opts], help="run one command; its exit status is ours")
     p.add_argument("--stdin", action="store_true", help="pass this process's standard input to the command")
+    p.add_argument("--stats", action="store_true", help="after the output, print what the command cost (on stderr)")
     background_cli.add_run_arguments(p)
     p.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check each installed backend's requirements")
     p.add_argument("names", nargs="*", metavar="NAME", help="backends to check (default: all installed)")
     p.set_defaults(func=_cmd_doctor, lists_plugins=True)
+    mcp_cli.add_parser(sub)
     return parser
 
 
@@ -125,7 +128,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with _environment(args) as env:
         result = _execute(env, command, cwd=args.cwd, stdin=stdin, out=sys.stdout)
     _print_notes(result)
+    if args.stats:
+        print(format_stats(result), file=sys.stderr)
     return result.exit_code
+
+
+def format_stats(result: ExecResult) -> str:
+    """One line: why it ended, how long, CPU and peak memory (``?`` where the target cannot tell)."""
+    u = result.usage
+
+    def secs(v: float | None) -> str:
+        return "?" if v is None else f"{v:.3f}s"
+
+    ended = str(result.end_reason) + (f" (signal {result.signal})" if result.signal else "")
+    rss = "?" if u.max_rss_bytes is None else f"{u.max_rss_bytes / 1048576:.1f} MiB"
+    oom = "" if u.oom_killed is None else f"  oom_killed {str(u.oom_killed).lower()}"
+    return (
+        f"[stats] {ended}, exit {result.exit_code}, wall {result.duration_s:.3f}s, "
+        f"cpu user {secs(u.cpu_user_s)} sys {secs(u.cpu_system_s)}, max rss {rss}{oom}"
+    )
 
 
 def _cmd_shell(args: argparse.Namespace) -> int:

@@ -67,4 +67,10 @@ class SyncError(HermesEnvError):
 
 
 class UnsafeArchiveError(SyncError):
-    """A pulled-back archive holds a path, link or size that is refused."""
+    """A pulled-back archive holds a path, link or size that is refused.
+
+    ``report``: the ``PullResult`` of the refused pull (its ``refused`` names
+    the archive and why), when pull-back raised it.
+    """
+
+    report: object | None = None

@@ -43,7 +43,7 @@ flock -w 600 9 || die "could not take the build lock"
 REQUIRED_CMDS=(bash sh dash ps pkill pgrep kill find xargs grep sed awk tar gzip
                gunzip zcat which hostname)
 # Nice to have; reported when missing.
-OPTIONAL_CMDS=(setsid nsenter flock getent diff cmp mawk gawk xz pidof egrep fgrep)
+OPTIONAL_CMDS=(setsid nsenter flock getent diff cmp mawk gawk xz pidof egrep fgrep script)
 # Whole packages whose bin/ and sbin/ entries all go in.
 PACKAGES=(coreutils)
 

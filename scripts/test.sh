@@ -21,6 +21,13 @@ if [ -d plugins/hermes-env-singularity ]; then
     bash scripts/install-apptainer.sh || die "could not install apptainer"
 fi
 
+# The TypeScript MCP SDK client test (tests/mcp) needs node, npm and @modelcontextprotocol/sdk.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } \
+        || die "could not install nodejs and npm"
+fi
+(cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in tests/mcp/ts failed"
+
 step "python environment ($VENV)"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV" || die "python3 -m venv failed"
@@ -28,10 +35,10 @@ fi
 PY=$VENV/bin/python
 "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # Core only (plus its own extras): the core's tests must pass with no plugin.
-for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example; do
+for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes; do
     "$PY" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
 done
-"$PY" -m pip install -q -e ".[docker,ssh,test]" || die "pip install of the core failed"
+"$PY" -m pip install -q -e ".[docker,ssh,test,mcp]" || die "pip install of the core failed"
 
 status=0
 run_suite() {  # name, then pytest arguments
@@ -48,12 +55,14 @@ run_suite() {  # name, then pytest arguments
 
 run_suite core tests
 
-for dir in plugins/*/; do
+# Plugins, then the third-party examples that are distributions: each alone, with its [test] extra.
+for dir in plugins/*/ examples/*/; do
     name=$(basename "$dir")
     [ -f "$dir/pyproject.toml" ] || { echo "test.sh: $dir has no pyproject.toml yet; not a distribution, skipped"; continue; }
     step "install $name"
-    "$PY" -m pip install -q -e "$dir" || { echo "test.sh: pip install of $name failed"; status=1; continue; }
+    "$PY" -m pip install -q -e "${dir%/}[test]" || { echo "test.sh: pip install of $name failed"; status=1; continue; }
     run_suite "$name" "$dir/tests" --rootdir "$dir"
+    "$PY" -m pip uninstall -q -y "$name" >/dev/null 2>&1 || true
 done
 
 step "summary"

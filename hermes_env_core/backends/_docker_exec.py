@@ -16,14 +16,12 @@ from typing import IO, Any
 
 from ..errors import BackendError
 
-__all__ = ["KILL_DONE", "MARKER_VAR", "ExecHandle", "kill_script"]
+__all__ = ["MARKER_VAR", "ExecHandle"]
 
 #: Exec environment variable naming the command, so its bash can be found
 #: in the container's /proc; the ``__hermes_`` prefix keeps it out of the
 #: session state.
 MARKER_VAR = "__hermes_exec"
-#: Last line of a kill script's output: the signals are sent.
-KILL_DONE = b"hermes-kill-done"
 
 _INLINE_STDIN = 16384  # written from the caller's thread; more goes through a thread
 _FIRST_WAIT_S = 0.01  # the stream usually ends this soon after bash exits
@@ -260,67 +258,3 @@ class ExecHandle:
         self.killed = True
         if self._killer is not None:
             self._killer(False)
-
-
-# Finds the command's bash by the marker in its environment (the exec's own
-# process has parent 0 in the container: its parent is outside), then stops,
-# signals once and resumes its tree and its process group (orphans included).
-# Builtins only: it must run when the pids limit is exhausted (an exec joins
-# the cgroup without forking in it). One signal per process: a second TERM
-# would cut bash's EXIT trap short.
-_FIND_FN = r"""__hermes_find() {
-local m="$1=$2" p e s
-for p in /proc/[0-9]*; do
-  mapfile -d '' -t e 2>/dev/null <"$p/environ" || continue
-  case " ${e[*]} " in *" $m "*) ;; *) continue ;; esac
-  IFS= read -r s 2>/dev/null <"$p/stat" || continue
-  s=${s##*) }; set -- $s
-  [[ $2 == 0 ]] && { __hermes_pid=${p#/proc/}; return 0; }
-done
-return 1
-}
-"""
-_KILL_FN = r"""__hermes_kill() {
-local sig=$1 root=$2 rounds=$3 p s
-local -A kids seen
-local -a todo all
-while ((rounds--)); do
-  kids=() seen=() todo=() all=()
-  for p in /proc/[0-9]*; do
-    IFS= read -r s 2>/dev/null <"$p/stat" || continue
-    s=${s##*) }; set -- $s
-    [[ $1 == Z ]] && continue
-    kids[$2]+=" ${p#/proc/}"
-    [[ $3 == "$root" || ${p#/proc/} == "$root" ]] && todo+=("${p#/proc/}")
-  done
-  while ((${#todo[@]})); do
-    p=${todo[0]}; todo=("${todo[@]:1}")
-    [[ -n ${seen[$p]} ]] && continue
-    seen[$p]=1; all+=("$p"); todo+=(${kids[$p]})
-  done
-  ((${#all[@]})) || return 0
-  builtin kill -STOP "${all[@]}" 2>/dev/null
-  builtin kill "-$sig" "${all[@]}" 2>/dev/null
-  builtin kill -CONT "${all[@]}" 2>/dev/null
-done
-return 0
-}
-"""
-
-
-def kill_script(sig: str, *, nonce: str | None = None, pid: int | None = None) -> str:
-    """Script that signals the command's tree; prints the root pid it found."""
-    if pid is not None:
-        head = f"__hermes_pid={int(pid)}\n"
-    else:
-        head = _FIND_FN + f"__hermes_find {MARKER_VAR} {nonce} || exit 3\n"
-    # SIGKILL is repeated until nothing is left (a fork bomb forks between
-    # the scan and the stop); SIGTERM is sent once.
-    rounds = 50 if sig == "KILL" else 1
-    return (
-        _KILL_FN
-        + head
-        + 'builtin printf "%s\\n" "$__hermes_pid"\n'
-        + f'__hermes_kill {sig} "$__hermes_pid" {rounds}\n'
-        + f"builtin printf '%s\\n' {KILL_DONE.decode()}\n"
-    )

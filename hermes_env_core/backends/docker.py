@@ -16,11 +16,13 @@ from typing import Any, ClassVar, Literal
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
+from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
-from ._docker_exec import KILL_DONE, MARKER_VAR, ExecHandle, kill_script
+from ._docker_exec import MARKER_VAR, ExecHandle
+from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 __all__ = ["DEFAULT_CAPABILITIES", "DockerConfig", "DockerEnvironment", "parse_size", "reap_orphans"]
 
@@ -106,6 +108,7 @@ class DockerEnvironment(BaseEnvironment):
         self._lock = threading.Lock()
         self._gen = 0
         self._box: dict[str, str | None] = {"id": None}
+        self._events_seen_ns = 0  # engine events up to this time were already given to a command
         self._user = cfg.user or ""
         self._exec_env = [f"{k}={v}" for k, v in cfg.env.items()]
         self.container_name = reaper.container_name(self.task_id, persistent=cfg.persistent)
@@ -379,7 +382,7 @@ class DockerEnvironment(BaseEnvironment):
         except Exception as exc:
             raise self._error("attach to a command", exc) from exc
         handle.nonce = nonce  # type: ignore[attr-defined]
-        handle.root_pid = None  # type: ignore[attr-defined]
+        handle.seen = set()  # type: ignore[attr-defined]  # pid:starttime of the command's processes
         handle._killer = lambda graceful: self._signal_tree(handle, graceful)
         return handle
 
@@ -419,24 +422,38 @@ class DockerEnvironment(BaseEnvironment):
         else:
             super()._kill_tree(handle, wrapped, graceful=graceful)
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        if not isinstance(handle, ExecHandle) or getattr(handle, "nonce", None) is None:
+            return None
+        return bool(self._tree_exec(handle, "0"))
+
     def _signal_tree(self, handle: ExecHandle, graceful: bool) -> None:
         """Signal the command's processes inside the container, from a second exec."""
-        nonce, pid = getattr(handle, "nonce", None), getattr(handle, "root_pid", None)
-        if nonce is None and pid is None:
-            return
-        script = kill_script("TERM" if graceful else "KILL", nonce=nonce, pid=pid)
+        self._tree_exec(handle, "TERM" if graceful else "KILL")
+
+    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str]:
+        """Run the tree script for ``handle``'s command; the processes it found.
+
+        They are the processes carrying the exec's marker, plus those an earlier
+        call found (a process that cleared its environment but was seen before)."""
+        nonce = getattr(handle, "nonce", None)
+        if nonce is None:
+            return set()
+        seen: set[str] = getattr(handle, "seen", set())
+        script = tree_script(sig, None, marker=f"{MARKER_VAR}={nonce}", known=seen)
         out = b""
         for attempt in range(4):
             if attempt == 3:
                 out = self._with_spare_pids(lambda: self._kill_exec(script))
             else:
                 out = self._kill_exec(script)
-            if KILL_DONE in out or not out.startswith(b"OCI runtime exec failed"):
+            if TREE_DONE.encode() in out or not out.startswith(b"OCI runtime exec failed"):
                 break
             time.sleep(0.05 * (attempt + 1))  # no pid free for the helper yet
-        words = out.split()
-        if KILL_DONE in out and words[0].isdigit():
-            handle.root_pid = int(words[0])  # type: ignore[attr-defined]
+        found = parse_tree_output(out)
+        seen |= found
+        handle.seen = seen  # type: ignore[attr-defined]
+        return found
 
     def _kill_exec(self, script: str) -> bytes:
         # Under a full pids limit the helper's own exit can take seconds to be
@@ -446,7 +463,7 @@ class DockerEnvironment(BaseEnvironment):
         except EnvironmentUnavailable:
             return b""  # the container is gone; so is the tree
         try:
-            return helper.read_until(KILL_DONE, timeout=15.0)
+            return helper.read_until(TREE_DONE.encode(), timeout=15.0)
         finally:
             helper.abandon()
 
@@ -471,9 +488,8 @@ class DockerEnvironment(BaseEnvironment):
     def _after_exec(self, handle: ExecHandle, code: int) -> None:
         """Sweep up after a kill; on SIGKILL, tell a dead container from the memory limit."""
         if handle.killed:
-            # bash is gone; whatever is left in its process group goes too.
-            pid = getattr(handle, "root_pid", None)
-            if pid is not None:
+            # bash is gone; whatever is left of its tree goes too.
+            if getattr(handle, "seen", None):
                 self._signal_tree(handle, False)
             return
         if code not in (137, -1):
@@ -489,6 +505,8 @@ class DockerEnvironment(BaseEnvironment):
         if seen & {"kill", "die", "destroy"} or info is None or not info["State"].get("Running"):
             state = "removed" if info is None else f"exit code {info['State'].get('ExitCode')}"
             raise BackendError(f"docker: container {self.container_name} stopped while the command ran ({state})")
+        # The container's memory events say whether the kernel's OOM killer did it.
+        handle.usage = Usage(oom_killed="oom" in seen)  # type: ignore[attr-defined]
         if "oom" in seen:
             limit = self.config.memory or "the host's memory"
             self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
@@ -500,7 +518,13 @@ class DockerEnvironment(BaseEnvironment):
                 since=int(since) - 1, until=time.time(), decode=True,
                 filters={"event": list(kinds), "container": self._box["id"]},
             )
-            return {e.get("status") or e.get("Action") for e in events if e.get("timeNano", 0) / 1e9 >= since - 0.5}
+            # An event counts for one command only: the next command, started
+            # within the tolerance, must not see its predecessor's OOM.
+            fresh = [e for e in events if e.get("timeNano", 0) / 1e9 >= since - 0.5
+                     and e.get("timeNano", 0) > self._events_seen_ns]
+            if fresh:
+                self._events_seen_ns = max(e.get("timeNano", 0) for e in fresh)
+            return {e.get("status") or e.get("Action") for e in fresh}
         except Exception:  # noqa: BLE001 - only the diagnosis depends on it
             return set()
 

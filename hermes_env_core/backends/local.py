@@ -1,30 +1,39 @@
 """The local backend: commands run as child processes of this one.
 
-Each command gets a new session (its own process group), so a timeout ends the
-whole tree; the child environment has secrets filtered out.
+Each command gets a new session and, where one can be made, its own cgroup, so
+a timeout ends everything it started; the child environment has secrets
+filtered out.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
+from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
+from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
-__all__ = ["LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "feed_stdin", "filter_environment"]
+__all__ = [
+    "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
+]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
 SECRET_PATTERNS: tuple[str, ...] = (
@@ -36,20 +45,46 @@ SECRET_PATTERNS: tuple[str, ...] = (
     "OPENROUTER_API_KEY", "GROQ_API_KEY", "MISTRAL_API_KEY", "COHERE_API_KEY", "TOGETHER_API_KEY",
     "DEEPSEEK_API_KEY", "XAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "NPM_TOKEN",
     "PYPI_TOKEN", "TWINE_PASSWORD", "DOCKER_AUTH_CONFIG", "SSH_AUTH_SOCK",
+    "PGPASSWORD", "MYSQL_PWD", "SECRET_KEY", "PRIVATE_KEY", "*_CONNECTION_STRING",
 )
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Where a value may carry a URL with credentials: a scheme, then "://".
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_URL_END = re.compile(r"[\s,;'\"<>]")
+
+_SCRIPT_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
+
+
+def carries_url_password(value: str) -> bool:
+    """True when ``value`` holds a URL whose user part has a password (``scheme://u:p@host``)."""
+    for start in _URL_START.finditer(value):
+        end = _URL_END.search(value, start.end())
+        url = value[start.start() : end.start() if end else len(value)]
+        try:
+            password = urlsplit(url).password
+        except ValueError:  # e.g. an unbalanced "[" in the host: not a URL we can read
+            continue
+        if password:
+            return True
+    return False
 
 
 def filter_environment(
     env: Mapping[str, str], *, passthrough: tuple[str, ...] = (), extra_blocked: tuple[str, ...] = ()
 ) -> dict[str, str]:
-    """``env`` without secret-looking names, except those matching ``passthrough``."""
+    """``env`` without secret-looking names or values, except names matching ``passthrough``.
+
+    A value is secret-looking when it holds a URL with a password in it
+    (``DATABASE_URL=postgres://user:pass@host/db``).
+    """
     blocked = tuple(p.upper() for p in SECRET_PATTERNS + extra_blocked)
     allowed = tuple(p.upper() for p in passthrough)
     out: dict[str, str] = {}
     for name, value in env.items():
         up = name.upper()
-        if any(fnmatch.fnmatchcase(up, p) for p in allowed) or not any(
-            fnmatch.fnmatchcase(up, p) for p in blocked
+        if any(fnmatch.fnmatchcase(up, p) for p in allowed) or not (
+            any(fnmatch.fnmatchcase(up, p) for p in blocked) or carries_url_password(value)
         ):
             out[name] = value
     return out
@@ -63,21 +98,109 @@ class LocalConfig(EnvironmentConfig):
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
 
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"local: env key {name!r} is not a valid variable name (letters, digits, _; not first a digit)")
+        return v
 
-class _GroupPopen(subprocess.Popen):  # type: ignore[type-arg]
-    """A Popen whose terminate and kill reach its whole process group."""
 
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """A command's bash; terminate and kill reach every process it started.
+
+    Those are the members of its cgroup (when one could be made) and of its
+    process tree and group as seen before each signal. ``wait()`` returns once
+    bash has exited and, after a kill, once the rest is gone too.
+
+    It reaps bash itself with ``wait4``, so the kernel's accounting of the
+    command's tree (every process bash waited for) comes back as ``usage``.
+    """
+
+    usage: Usage | None = None
+    cgroup: CommandCgroup | None = None
+    tree: ProcessTree | None = None
+    stopping = False
+
+    def _stop(self, sig: int) -> None:
+        self.stopping = True
+        if self.tree is None:
+            self.tree = ProcessTree(self.pid)
+        stop_all(self.cgroup, self.tree, sig)
 
     def terminate(self) -> None:
-        self._signal_group(signal.SIGTERM)
+        self._stop(signal.SIGTERM)
 
     def kill(self) -> None:
-        self._signal_group(signal.SIGKILL)
+        self._stop(signal.SIGKILL)
+
+    def tree_alive(self) -> bool:
+        if self.cgroup is not None and self.cgroup.populated():
+            return True
+        if self.tree is None:
+            return self.poll() is None
+        self.tree.refresh()
+        return bool(self.tree.alive())
+
+    def _reap4(self, flags: int) -> None:
+        try:
+            pid, status, ru = os.wait4(self.pid, flags)
+        except ChildProcessError:
+            if self.returncode is None:
+                self.returncode = 0  # reaped elsewhere; as Popen itself reports it
+            return
+        except InterruptedError:
+            return
+        if pid:
+            self.usage = Usage(
+                cpu_user_s=ru.ru_utime,
+                cpu_system_s=ru.ru_stime,
+                max_rss_bytes=ru.ru_maxrss * 1024,  # kilobytes on Linux
+                oom_killed=None,
+            )
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap4(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._wait_bash(timeout)
+        if self.stopping and self.tree is not None:
+            wait_dead(self.tree.alive(), 5.0)
+        cg, self.cgroup = self.cgroup, None
+        if cg is not None:
+            cg.release(keep_alive=not self.stopping)
+        return code
+
+    def _wait_bash(self, timeout: float | None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is None:
+            while self.returncode is None:
+                self._reap4(0)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._reap4(os.WNOHANG)
+            pidfd = -1
+        try:
+            while self.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.01))
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        return self.returncode
 
 
 class LocalEnvironment(BaseEnvironment):
@@ -109,19 +232,41 @@ class LocalEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         args = [self._bash, "-l"] if login else [self._bash]
-        args += ["-c", script, "bash"]
+        cgroup = _new_cgroup()
+        if cgroup is not None:
+            # bash joins its cgroup before it can start anything: a shell moves
+            # itself there, then becomes bash.
+            args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
+        pass_fds: tuple[int, ...] = ()
+        script_r = script_w = -1
+        if len(script) > _SCRIPT_ARG_LIMIT:
+            # Too long for one argv string: bash reads it from a pipe instead.
+            script_r, script_w = os.pipe()
+            pass_fds = (script_r,)
+            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
+        else:
+            args += ["-c", script, "bash"]
         try:
-            proc = _GroupPopen(
+            proc = _CommandPopen(
                 args,
                 stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=self._env,
                 start_new_session=True,
+                pass_fds=pass_fds,
                 cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
             )
         except OSError as exc:
+            if cgroup is not None:
+                cgroup.release(keep_alive=False)
             raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
+        finally:
+            if script_r >= 0:
+                os.close(script_r)
+        proc.cgroup = cgroup
+        if script_w >= 0:
+            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:
             _widen_pipe(proc.stdout.fileno())
         if stdin_data is not None:
@@ -134,8 +279,24 @@ class LocalEnvironment(BaseEnvironment):
         else:
             handle.kill()
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
+
     def cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'
+
+
+def _new_cgroup() -> CommandCgroup | None:
+    pool = cgroup_pool()
+    if pool is None or not os.path.exists("/bin/sh"):
+        return None
+    try:
+        return CommandCgroup(*pool)
+    except OSError:
+        return None
 
 
 def _widen_pipe(fd: int) -> None:

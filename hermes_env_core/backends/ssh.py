@@ -21,9 +21,10 @@ from pydantic import Field, SecretStr
 from ..environment.base import BaseEnvironment
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
-from ..environment.session import KILL_TREE_FN, WrappedCommand, kill_tree_script
-from ..errors import BackendError, ConfigError, EnvironmentUnavailable
+from ..environment.session import KILL_TREE_FN, WrappedCommand
+from ..errors import BackendError, ConfigError, EnvironmentUnavailable, UnsafeArchiveError
 from ..sync import PullResult, SyncEngine, SyncOption, SyncProgress
+from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 if TYPE_CHECKING:
     import paramiko
@@ -272,6 +273,14 @@ class SSHEnvironment(BaseEnvironment):
             log.debug("ssh helper exited %s: %r", code, out[:200])
         return code
 
+    def _helper_output(self, script: str) -> bytes | None:
+        """Output of a short bash script on the current connection (None: no connection)."""
+        t = self._transport
+        if t is None or not t.is_active():
+            return None
+        _, out = self._conn.run_simple(t, self._in_bash(script), timeout=self._cfg.connect_timeout)
+        return out
+
     # -- what the base class asks for ----------------------------------------
     def _state_dir(self) -> str:
         self._live()
@@ -310,6 +319,9 @@ class SSHEnvironment(BaseEnvironment):
         assert isinstance(handle, _RemoteBash)
         handle.signal_tree("TERM" if graceful else "KILL")
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        return handle.tree_alive() if isinstance(handle, _RemoteBash) else None
+
     # -- file sync -----------------------------------------------------------
     @property
     def sync_engine(self) -> SyncEngine | None:
@@ -330,18 +342,32 @@ class SSHEnvironment(BaseEnvironment):
             engine.push()
 
     def pull_back(self) -> PullResult | None:
-        """Apply the target's changes to the synced host paths (also done at close)."""
+        """Apply the target's changes to the synced host paths (also done at close).
+
+        Entries skipped as unsafe, and an archive refused as tampering (which
+        raises ``UnsafeArchiveError``), are in ``last_pull`` and in a note on
+        the next result.
+        """
         engine = self.sync_engine
         if engine is None:
             return None
-        self.last_pull = engine.pull()
+        try:
+            self.last_pull = engine.pull()
+        except UnsafeArchiveError as exc:
+            if isinstance(exc.report, PullResult):
+                self.last_pull = exc.report
+                for note in exc.report.notes:
+                    self._note(note)
+            raise
+        for note in self.last_pull.notes:
+            self._note(note)
         return self.last_pull
 
     def cleanup(self) -> None:
         if self._sync_engine is not None and self._transport is not None:
             try:
                 self.pull_back()
-            except Exception:  # noqa: BLE001 - the connection must still be released
+            except Exception:  # noqa: BLE001 - the connection must still be released; last_pull says what happened
                 log.exception("ssh: pulling synced files back failed; host files were left as they were")
         t = self._transport
         if t is not None and t.is_active() and self._remote_dir:
@@ -427,6 +453,7 @@ class _RemoteBash:
         self.returncode: int | None = None
         self.error: BaseException | None = None
         self.pid: int | None = None
+        self.seen: set[str] = set()  # pid:starttime of the command's processes, once signalled
         self._w = w
         self._env = env
         self._chan = chan
@@ -534,19 +561,34 @@ class _RemoteBash:
             raise BackendError(f"ssh: lost the command's output: {self.error!r}") from self.error
         return code
 
-    def signal_tree(self, sig: str) -> None:
-        """Signal the remote bash, its descendants and its process group."""
+    def tree_alive(self) -> bool | None:
+        """Whether any process of the command still runs (None: cannot tell)."""
+        found = self._tree_helper("0")
+        return None if found is None else bool(found)
+
+    def _tree_helper(self, sig: str) -> set[str] | None:
         if self.pid is None:
             self._pid_known.wait(2.0)
-        if self.pid is not None:
-            # sshd made the bash a session and group leader; the group catches
-            # children whose parent already exited, the walk those that setsid.
-            script = kill_tree_script(self.pid, sig) + f"builtin kill -{sig} -- -{self.pid} 2>/dev/null\nexit 0\n"
-            try:
-                if self._env._helper(script) == 0:
-                    return
-            except Exception as exc:  # noqa: BLE001 - fall back to closing the channel
-                log.debug("ssh: kill helper failed: %r", exc)
+        if self.pid is None:
+            return None
+        # sshd made the bash a session and group leader; the group catches
+        # children whose parent already exited, the walk those that setsid,
+        # and the processes seen by an earlier signal those re-parented since.
+        script = tree_script(sig, self.pid, known=self.seen)
+        out = self._env._helper_output(script)
+        if out is None or TREE_DONE.encode() not in out:
+            return None
+        found = parse_tree_output(out)
+        self.seen |= found
+        return found
+
+    def signal_tree(self, sig: str) -> None:
+        """Signal the remote bash, its descendants and its process group."""
+        try:
+            if self._tree_helper(sig) is not None:
+                return
+        except Exception as exc:  # noqa: BLE001 - fall back to closing the channel
+            log.debug("ssh: kill helper failed: %r", exc)
         if sig == "KILL":
             self._closed_by_us = True
             self._chan.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .base import BaseEnvironment, CancelToken, StdinMode
 from .handles import ProcessHandle, ThreadedProcessHandle
 from .options import EnvironmentConfig
-from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, ExecResult
+from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 
 __all__ = [
     "BaseEnvironment",
@@ -14,7 +14,9 @@ __all__ = [
     "EXIT_CWD",
     "EXIT_TIMEOUT",
     "EnvironmentConfig",
+    "EndReason",
     "ExecResult",
+    "Usage",
     "ProcessHandle",
     "StdinMode",
     "ThreadedProcessHandle",

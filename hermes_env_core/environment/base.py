@@ -24,8 +24,9 @@ from typing import Any, ClassVar, Literal
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
+from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
-from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, ExecResult
+from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 from .session import SessionState, ShellSession, StateParseError, WrappedCommand, check_command
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
@@ -47,7 +48,7 @@ _MAX_READ = 1 << 20
 class _Run:
     """Result of driving one wrapped script to its end."""
 
-    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes")
+    __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes", "usage", "signal")
 
     def __init__(self) -> None:
         self.captured = None
@@ -57,6 +58,8 @@ class _Run:
         self.interrupted = False
         self.corrupt = False
         self.notes: tuple[str, ...] = ()
+        self.usage: Usage | None = None  # what the handle measured
+        self.signal: int | None = None  # the signal that ended bash itself
 
 
 class BaseEnvironment(abc.ABC):
@@ -90,6 +93,10 @@ class BaseEnvironment(abc.ABC):
         self._closed = False
         self._notes: list[str] = []
         self._notes_lock = threading.Lock()
+        # Commands in flight: close() stops them and waits until they are gone.
+        self._running = 0
+        self._running_cv = threading.Condition()
+        self._closing = threading.Event()
         # Background-process registries following processes in this environment
         # (hermes_env_core.processes adds itself here).
         self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -145,6 +152,14 @@ class BaseEnvironment(abc.ABC):
         else:
             handle.kill()
 
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        """Whether anything of a stopped command still runs (None: cannot tell).
+
+        Asked after bash itself exited on SIGTERM, while SIGKILL is pending:
+        False ends the wait early, True or None let SIGKILL follow on time.
+        """
+        return None
+
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
         return any(r.has_live(self) for r in list(self._process_registries))
@@ -178,6 +193,10 @@ class BaseEnvironment(abc.ABC):
         on_output: Callable[[str], None] | None = None,
     ) -> ExecResult:
         """Run ``command`` as if typed into one long-lived bash."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(f"timeout must be a number of seconds > 0 (None for the configured default), got {timeout!r}")
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
         check_command(command)
@@ -192,6 +211,11 @@ class BaseEnvironment(abc.ABC):
         limit = self.config.max_output_bytes
         capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
         eff_timeout = self.config.timeout if timeout is None else timeout
+        with self._running_cv:
+            if self._closed:
+                session.release(wrapped)
+                raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+            self._running += 1
         try:
             run = self._drive(
                 wrapped,
@@ -202,6 +226,9 @@ class BaseEnvironment(abc.ABC):
             )
         finally:
             session.release(wrapped)
+            with self._running_cv:
+                self._running -= 1
+                self._running_cv.notify_all()
         notes = self._take_notes() + list(run.notes)
         exit_code = run.exit_code
         if run.frame is not None and not run.corrupt:
@@ -224,8 +251,17 @@ class BaseEnvironment(abc.ABC):
             notes.append(f"working directory {wrapped.cwd} is gone; session directory reset to {reset}")
         if run.timed_out:
             notes.append(f"command timed out after {eff_timeout:g}s")
+        if run.interrupted and self._closing.is_set():
+            notes.append("command stopped: the environment was closed")
         cap = run.captured
         assert cap is not None
+        if data is None and exit_code != 0 and (sign := wanted_input(cap.text)) is not None:
+            notes.append(
+                f"the command wanted input ({sign!r}) but had none: it runs with stdin at end of input and no "
+                "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
+            )
+        usage = run.usage or Usage()
+        reason, sig = _end_reason(run, exit_code, usage)
         return ExecResult(
             output=cap.text,
             exit_code=exit_code,
@@ -237,14 +273,32 @@ class BaseEnvironment(abc.ABC):
             output_path=cap.spill_path,
             dropped_bytes=cap.dropped_bytes,
             notes=tuple(notes),
+            usage=usage,
+            end_reason=reason,
+            signal=sig,
         )
 
     def close(self) -> None:
-        """Release the environment; later ``execute()`` calls raise."""
-        if self._closed:
-            return
-        self._run_exit_trap()
-        self._closed = True
+        """Release the environment; later ``execute()`` calls raise.
+
+        A command still running is stopped (SIGTERM, then SIGKILL after
+        ``kill_grace_s``) and ``close()`` returns once it is gone. The user's
+        EXIT trap, if any, runs first (once, as a long-lived bash runs it at exit).
+        """
+        if not self._closed:
+            self._run_exit_trap()
+        with self._running_cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._closing.set()
+            # Each running command sees the flag within one poll; it then takes
+            # at most the grace and a reap to end.
+            limit = time.monotonic() + self.config.kill_grace_s + 30.0
+            while self._running and (left := limit - time.monotonic()) > 0:
+                self._running_cv.wait(left)
+            if self._running:
+                _log.warning("%r: %d command(s) still running at close", self, self._running)
         try:
             # Background processes die with the environment, unless detached.
             for registry in list(self._process_registries):
@@ -470,7 +524,7 @@ class BaseEnvironment(abc.ABC):
                     break  # bash reported and is exiting; background children may hold the pipe
                 now = time.monotonic()
                 if reason is None:
-                    if cancel is not None and cancel.is_set():
+                    if (cancel is not None and cancel.is_set()) or self._closing.is_set():
                         reason = "cancel"
                     elif deadline is not None and now >= deadline:
                         reason = "timeout"
@@ -486,12 +540,26 @@ class BaseEnvironment(abc.ABC):
                         exited_at = now
                     elif now - exited_at > _DRAIN_S:
                         break
+            if reason is not None and kill_at is not None:
+                # bash ended on SIGTERM within the grace; what it started may not have.
+                self._finish_kill(handle, wrapped, kill_at)
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
             code = self._reap(handle, finished=splitter.done or reason is None)
             # Per-command facts a handle knows (OOM, recreated): on this result only.
             run.notes = tuple(getattr(handle, "notes", ()) or ())
+            run.usage = getattr(handle, "usage", None)
+            run.signal = -code if code < 0 else None
+        except BaseException:
+            # An on_output callback raised, or the caller was interrupted: the
+            # command must not outlive the call.
+            try:
+                self._kill_tree(handle, wrapped, graceful=False)
+                self._reap(handle, finished=False)
+            except Exception:  # noqa: BLE001 - the first exception is the one to report
+                _log.exception("%r: stopping the command after an error failed", self)
+            raise
         finally:
             try:
                 stdout.close()
@@ -523,6 +591,17 @@ class BaseEnvironment(abc.ABC):
             wrapped.script, login=login, timeout=timeout, stdin_data=wrapped.payload if wrapped.payload else None
         )
 
+    def _finish_kill(self, handle: ProcessHandle, wrapped: WrappedCommand, kill_at: float) -> None:
+        """Send the pending SIGKILL on time, unless the whole tree is already gone."""
+        while True:
+            if self._tree_alive(handle, wrapped) is False:
+                return
+            left = kill_at - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, _POLL_S))
+        self._kill_tree(handle, wrapped, graceful=False)
+
     def _reap(self, handle: ProcessHandle, *, finished: bool) -> int:
         # bash is known to be exiting: a plain wait() blocks in waitpid,
         # where Popen.wait(timeout) would poll with sleeps.
@@ -543,6 +622,20 @@ class BaseEnvironment(abc.ABC):
                 handle.kill()
                 return handle.wait(timeout=5.0)
             raise BackendError(f"{self.name}: lost the command: {exc!r}") from exc
+
+
+def _end_reason(run: _Run, exit_code: int, usage: Usage) -> tuple[EndReason, int | None]:
+    if run.timed_out:
+        return EndReason.TIMED_OUT, None
+    if run.interrupted:
+        return EndReason.CANCELLED, None
+    if usage.oom_killed:
+        return EndReason.OOM_KILLED, 9
+    if run.signal is not None:
+        return EndReason.SIGNALED, run.signal
+    if 128 < exit_code <= 128 + 64:
+        return EndReason.SIGNALED, exit_code - 128
+    return EndReason.EXITED, None
 
 
 def _frame(raw: tuple[int, str, str]):

@@ -449,7 +449,7 @@ class ShellSession:
         private_path = base + ".in" if channel == "file" else None
         pid_token = secrets.token_hex(8)
         script_mode = (
-            not snapshot and state is not None and channel != "inline"
+            not snapshot and state is not None
             and ("xtrace" in state.shellopts or _XTRACE_RE.search(command) is not None)
         )
         parts = ["builtin unset -v __hermes_c BASH_EXECUTION_STRING 2>/dev/null"]
@@ -502,7 +502,13 @@ class ShellSession:
             )
             head = prelude.encode("utf-8", "surrogateescape")
             payload = f"{len(head)}\n".encode() + head + body.encode("utf-8", "surrogateescape")
-            script = script_stub(self.state_dir, login=login, from_file=private_path)
+            if channel == "inline":
+                script = f"builtin : __hermes_n={nonce}; " + script_stub(
+                    self.state_dir, login=login, inline=payload.decode("utf-8", "surrogateescape")
+                )
+                payload = b""
+            else:
+                script = script_stub(self.state_dir, login=login, from_file=private_path)
             return WrappedCommand(
                 script, nonce, sep, slot, explicit, target_cwd, state_file, payload, private_path, pid_token
             )
@@ -520,7 +526,9 @@ class ShellSession:
         parts.append(epilogue(save_fn))
         text = one_line(parts)
         if channel == "inline":
-            script, payload = text, b""
+            # The backend delivers this text privately itself (a heredoc of its own, say); the
+            # marker lets a backend that follows the output find the frame's end.
+            script, payload = f"builtin : __hermes_n={nonce}; " + text, b""
         else:
             script = stub(channel, private_path)
             payload = text.encode("utf-8", "surrogateescape")
@@ -672,8 +680,3 @@ return 0
 def kill_tree_script(pid: int, sig: str = "TERM") -> str:
     """A bash script that sends ``sig`` to ``pid`` and all its descendants."""
     return f"{KILL_TREE_FN}__hermes_kill_tree {shlex.quote(sig)} {int(pid)}\n"
-
-
-def pidfile_line(path_expr: str = '"$__hermes_f.pid"') -> str:
-    """Script line recording the wrapper's pid and nonce for a later ``kill_tree_script``."""
-    return f"builtin printf '%d %s' $$ \"$__hermes_n\" >{path_expr}\n"

@@ -55,7 +55,7 @@ LOADER = (
 )
 
 
-def script_stub(private_dir: str, *, login: bool, from_file: str | None = None) -> str:
+def script_stub(private_dir: str, *, login: bool, from_file: str | None = None, inline: str | None = None) -> str:
     """The ``bash -c`` argument for a command that bash reads as its own script,
     so that xtrace and messages are exactly a plain bash's.
 
@@ -66,7 +66,11 @@ def script_stub(private_dir: str, *, login: bool, from_file: str | None = None) 
     """
     q = shlex.quote(private_dir)
     read = redirect = ""
-    if from_file:
+    if inline is not None:
+        # For a backend that delivers the whole script privately itself.
+        read = f"__hermes_c={ansi_c_quote(inline)} && "
+        redirect = ' < <(builtin printf \'%s\' "$__hermes_c")'
+    elif from_file:
         # A file reopened through /dev/stdin would start again at offset 0:
         # its text goes through a pipe, and the file is emptied first.
         f = shlex.quote(from_file)

@@ -96,7 +96,11 @@ def run_background(args: argparse.Namespace, env: BaseEnvironment, command: str)
 def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
     with opener(args) as env, _registry(env) as reg:
         key = env_key(env)
-        rows = [_row_of(p.info().__dict__) for p in reg.list()]
+        rows = []
+        for p in reg.list():
+            row = _row_of(p.info().__dict__)
+            row["waiting_for_input"] = p.waiting_for_input or p.check_waiting_for_input(reg.input_wait_s or 2.0)
+            rows.append(row)
         seen = {r["id"] for r in rows}
         # Processes of other environments: as recorded, not checked.
         for rec in reg.pending:
@@ -113,7 +117,8 @@ def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
     table = [["ID", "STATUS", "PID", "EXIT", "WHERE", "STARTED", "COMMAND"]]
     for r in rows:
         started = time.strftime("%H:%M:%S", time.localtime(r["started_at"])) if r["started_at"] else "-"
-        table.append([r["id"], r["status"], str(r["pid"] or "-"), "-" if r["exit_code"] is None else str(r["exit_code"]),
+        status = "waiting-input" if r.get("waiting_for_input") else r["status"]
+        table.append([r["id"], status, str(r["pid"] or "-"), "-" if r["exit_code"] is None else str(r["exit_code"]),
                       r["where"], started, r["command"].replace("\n", " ")[:60]])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

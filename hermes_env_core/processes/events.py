@@ -26,6 +26,7 @@ class NotificationKind(str, enum.Enum):
     EXIT = "exit"  # the process ended (exit_code; text: its last output)
     WATCH_DISABLED = "watch_disabled"  # over the rate limit for too long
     LOST = "lost"  # found in a checkpoint but no longer ours to follow
+    WAITING_FOR_INPUT = "waiting_for_input"  # blocked reading its terminal (text: the prompt)
 
     def __str__(self) -> str:
         return self.value
@@ -58,6 +59,8 @@ class Notification:
         if self.kind is NotificationKind.EXIT:
             code = "unknown" if self.exit_code is None else self.exit_code
             return f"[{self.process_id}] {self.status} (exit code {code})"
+        if self.kind is NotificationKind.WAITING_FOR_INPUT:
+            return f"[{self.process_id}] waiting for input: {self.text}"
         return f"[{self.process_id}] {self.text}"
 
 

@@ -14,9 +14,10 @@ import select
 import signal
 import subprocess
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from . import procinfo
+from . import inputwait, procinfo
 from .process import ProcessError
 
 if TYPE_CHECKING:
@@ -48,6 +49,36 @@ def _bash_args(bash: str, script: str, login: bool) -> tuple[list[str], int]:
     return args + ["-c", f"builtin source /dev/fd/{r}", "bash"], r
 
 
+class _Quiet:
+    """When a silent PTY child is next checked for a terminal read: once per wait."""
+
+    _RECHECK_S = 0.5  # silent but busy: look again this often
+
+    def __init__(self, after_s: float | None) -> None:
+        self.after_s = after_s
+        self._at: float | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Output arrived or input was written: a new silence starts."""
+        self._at = None if self.after_s is None else time.monotonic() + self.after_s
+
+    def recheck(self) -> None:
+        self._at = time.monotonic() + self._RECHECK_S
+
+    def reported(self) -> None:
+        self._at = None  # until the next output or input
+
+    def due(self) -> bool:
+        return self._at is not None and time.monotonic() >= self._at
+
+    def cap(self, wait_ms: int | None) -> int | None:
+        if self._at is None:
+            return wait_ms
+        left = max(0, int((self._at - time.monotonic()) * 1000) + 1)
+        return left if wait_ms is None else min(wait_ms, left)
+
+
 def _exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
@@ -70,6 +101,10 @@ class _Follower:
         self._proc: BackgroundProcess | None = None
         self._wlock = threading.Lock()
         self._early: int | None = None
+        #: seconds of silence after which a PTY child is checked for a terminal read
+        self.input_wait_s: float | None = None
+        self._rearm = threading.Event()  # input was written: a new wait may be reported
+        self._last_output = time.monotonic()
 
     def start(self, proc: BackgroundProcess) -> None:
         self._proc = proc
@@ -99,9 +134,16 @@ class _Follower:
         out_open = True
         exited = reported = False
         os.set_blocking(self._fd, False)
+        quiet = _Quiet(self.input_wait_s)
         try:
             while True:
-                events = poller.poll(None if self._pidfd is not None or exited else 20)
+                wait_ms = None if self._pidfd is not None or exited else 20
+                if not exited:
+                    wait_ms = quiet.cap(wait_ms)
+                events = poller.poll(wait_ms)
+                if self._rearm.is_set():
+                    self._rearm.clear()
+                    quiet.reset()
                 for fd, _ in events:
                     if fd == self._stop_r:
                         return
@@ -111,10 +153,18 @@ class _Follower:
                             out_open = False
                             poller.unregister(self._fd)
                         elif data:
+                            quiet.reset()
+                            self._last_output = time.monotonic()
                             proc._feed(data)
                     elif fd == self._pidfd:
                         poller.unregister(self._pidfd)
                         exited = True
+                if not exited and quiet.due():
+                    if self._waiting_for_input():
+                        quiet.reported()
+                        proc._waiting_for_input()
+                    else:
+                        quiet.recheck()
                 if not exited and self._pidfd is None:
                     exited = self._poll_exit()
                 if exited and not reported:
@@ -170,11 +220,19 @@ class _Follower:
         self._fd = self._stop_r = self._stop_w = -1
         self._pidfd = None
 
+    def _waiting_for_input(self) -> bool:
+        return False
+
+    def waiting_now(self, quiet_s: float) -> bool:
+        """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY children)"""
+        return time.monotonic() - self._last_output >= quiet_s and self._waiting_for_input()
+
     # -- control ---------------------------------------------------------------
     def _write_fd(self) -> int:
         raise NotImplementedError
 
     def write(self, data: bytes, timeout: float) -> None:
+        self._rearm.set()
         fd = self._write_fd()
         view = memoryview(data)
         with self._wlock:
@@ -293,6 +351,16 @@ class LocalPtyDriver(_Follower):
         self._pty.delayafterclose = 0.0
         os.set_blocking(self._pty.fd, False)
         super().__init__(self._pty.pid, self._pty.fd)
+        self._tty = inputwait.tty_of(self._pty.pid)
+
+    def _waiting_for_input(self) -> bool:
+        if self._tty is None or self.pid is None or self._gone.is_set():
+            return False
+        try:
+            foreground = os.tcgetpgrp(self._fd)
+        except OSError:
+            return False
+        return inputwait.waiting_in_group(self.pid, foreground, self._tty)
 
     def _reap(self) -> int | None:
         status = super()._reap()

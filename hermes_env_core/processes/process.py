@@ -31,6 +31,7 @@ from .watch import (
 __all__ = ["EXIT_TAIL_CHARS", "BackgroundProcess", "Driver", "ProcessError", "ProcessInfo", "ProcessStatus"]
 
 EXIT_TAIL_CHARS = 2000
+_PROMPT_CHARS = 400  # a prompt is the last partial line of at most this much output
 
 
 class ProcessError(HermesEnvError):
@@ -66,6 +67,7 @@ class ProcessInfo:
     output_bytes: int
     log_path: str | None
     note: str | None
+    waiting_for_input: bool = False
 
 
 class Driver(Protocol):
@@ -136,6 +138,7 @@ class BackgroundProcess:
         self._kill_requested = False
         self._stdin_closed = False
         self._followed = True
+        self._waiting = False
         self.note: str | None = None
         self._patterns: tuple[WatchPattern, ...] = parse_watch(watch)
         self._matcher = LineMatcher(self._patterns) if self._patterns else None
@@ -164,6 +167,11 @@ class BackgroundProcess:
     @property
     def running(self) -> bool:
         return self._status is ProcessStatus.RUNNING
+
+    @property
+    def waiting_for_input(self) -> bool:
+        """True while it sits blocked reading its terminal (PTY processes; cleared by output or input)."""
+        return self._waiting and self.running
 
     @property
     def followed(self) -> bool:
@@ -203,6 +211,16 @@ class BackgroundProcess:
 
     def tail(self, chars: int = EXIT_TAIL_CHARS) -> str:
         return self._buffer.tail_text(chars)
+
+    def check_waiting_for_input(self, quiet_s: float = 2.0) -> bool:
+        """Look now: is it blocked reading its terminal, silent for ``quiet_s``? (for listings)"""
+        look = getattr(self._driver, "waiting_now", None)
+        if not self.pty or not self.running or look is None:
+            return False
+        try:
+            return bool(look(quiet_s))
+        except HermesEnvError:
+            return False
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Block until the process ends; its exit code. Raises TimeoutError."""
@@ -246,6 +264,7 @@ class BackgroundProcess:
             output_bytes=self._buffer.end,
             log_path=self.log_path,
             note=self.note,
+            waiting_for_input=self.waiting_for_input,
         )
 
     # -- what the agent does -----------------------------------------------------
@@ -256,6 +275,7 @@ class BackgroundProcess:
             raise ProcessError(f"background process {self.id}: stdin is closed")
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         if raw:
+            self._waiting = False
             self._driver.write(raw, timeout)
 
     def submit(self, line: str, *, timeout: float = 10.0) -> None:
@@ -313,7 +333,18 @@ class BackgroundProcess:
             raise ProcessError(f"cannot {what} background process {self.id}: it is {self._status.value}")
 
     # -- what the driver reports --------------------------------------------------
+    def _waiting_for_input(self) -> None:
+        """The driver saw it blocked reading its terminal after a silence: report it once."""
+        with self._lock:
+            if self._waiting or not self.running:
+                return
+            self._waiting = True
+        tail = self._buffer.tail_text(_PROMPT_CHARS)
+        prompt = tail.replace("\r\n", "\n").rsplit("\n", 1)[-1].replace("\r", "")
+        self._emit(NotificationKind.WAITING_FOR_INPUT, prompt)
+
     def _feed(self, data: bytes) -> None:
+        self._waiting = False
         self._buffer.append(data)
         if self._matcher is None or self._watch_disabled:
             return

@@ -86,7 +86,9 @@ class ProcessRegistry:
     ``keep_finished_s``/``keep_finished``: how long and how many ended
     processes stay listed. ``log_dir``: where ``spawn(log=True)`` writes full
     logs. ``sandbox_dir``: the directory (a bash word) for process files in
-    non-local targets.
+    non-local targets. ``input_wait_s``: after this many seconds of silence a
+    PTY process blocked reading its terminal gets one ``waiting_for_input``
+    notification per wait (None: never looked for).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class ProcessRegistry:
         log_dir: str | os.PathLike[str] | None = None,
         sandbox_dir: str | None = None,
         on_notification: NotificationCallback | None = None,
+        input_wait_s: float | None = 2.0,
     ) -> None:
         if buffer_bytes < 1:
             raise ValueError(f"buffer_bytes must be positive, not {buffer_bytes}")
@@ -111,6 +114,9 @@ class ProcessRegistry:
         self.keep_finished = keep_finished
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.sandbox_dir = sandbox_dir
+        if input_wait_s is not None and not input_wait_s > 0:
+            raise ValueError(f"input_wait_s must be a positive number of seconds or None, not {input_wait_s!r}")
+        self.input_wait_s = input_wait_s
         self._notifier = Notifier([on_notification] if on_notification else None)
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
@@ -191,6 +197,7 @@ class ProcessRegistry:
                 if pty:
                     child_env.setdefault("TERM", "xterm")
                     driver = LocalPtyDriver(bash=bash, script=script, env=child_env, login=login, size=window)
+                    driver.input_wait_s = self.input_wait_s
                 else:
                     driver = LocalPipeDriver(bash=bash, script=script, env=child_env, login=login)
             else:
@@ -204,6 +211,7 @@ class ProcessRegistry:
                     size=window,
                     poll=self.poll,
                 )
+                driver.input_wait_s = self.input_wait_s
         except BaseException:
             if log_file is not None:
                 log_file.close()

@@ -118,6 +118,10 @@ class SandboxDriver:
         self.poll = poll
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: seconds of silence after which a PTY process is checked for a terminal read
+        self.input_wait_s: float | None = None
+        self._quiet_since = time.monotonic()
+        self._wait_reported = False
 
     @classmethod
     def launch(
@@ -168,10 +172,15 @@ class SandboxDriver:
         wait = p.min_s
         failing_since: float | None = None
         while not self._stop.is_set():
+            check = False
+            if self.pty and self.input_wait_s is not None and not self._wait_reported:
+                due_in = self._quiet_since + self.input_wait_s - time.monotonic()
+                check = due_in <= wait
+                wait = min(wait, max(due_in, p.min_s))
             try:
                 _, out = run_script(
                     self.env,
-                    scripts.poll_script(self.dir, self.offset, wait, p.max_read, self._wrapper),
+                    scripts.poll_script(self.dir, self.offset, wait, p.max_read, self._wrapper, input_check=check),
                     timeout=wait + _SCRIPT_SLACK_S,
                 )
             except EnvironmentUnavailable as exc:
@@ -191,10 +200,15 @@ class SandboxDriver:
             if self._stop.is_set():
                 return
             if data:
+                self._quiet_since = time.monotonic()
+                self._wait_reported = False
                 proc._feed(data)
                 self.offset += len(data)
-            status = head.decode("ascii", "replace").strip()
+            status, _, flag = head.decode("ascii", "replace").strip().partition(" ")
             more = len(data) >= p.max_read
+            if status == "-" and flag == "w" and not data and not self._wait_reported:
+                self._wait_reported = True
+                proc._waiting_for_input()
             if status == "-":
                 wait = 0.0 if more else p.min_s if data else min(max(wait, p.min_s) * p.factor, p.max_s)
                 continue
@@ -223,6 +237,8 @@ class SandboxDriver:
             raise ProcessError(f"cannot {what} background process pid {self.pid} in {self.env.name}: {exc}") from exc
 
     def write(self, data: bytes, timeout: float) -> None:
+        self._quiet_since = time.monotonic()
+        self._wait_reported = False
         for i in range(0, len(data), _WRITE_CHUNK):
             code, out = self._run(scripts.write_script(self.dir, data[i : i + _WRITE_CHUNK]), "write to", timeout)
             if code == 3:
@@ -251,6 +267,13 @@ class SandboxDriver:
         code, _ = self._run(scripts.resize_script(self.dir, rows, cols), "resize")
         if code != 0:
             raise ProcessError(f"background process pid {self.pid}: its terminal is not known yet")
+
+    def waiting_now(self, quiet_s: float) -> bool:
+        """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY processes)"""
+        if not self.pty:
+            return False
+        _, out = self._run(scripts.waiting_script(self.dir, quiet_s), "check")
+        return out.strip() == b"w"
 
     def stop(self) -> None:
         self._stop.set()

@@ -115,14 +115,53 @@ def launch_script(base: str, pid_name: str, script: str, *, login: bool, pty: bo
     return "\n".join(lines) + "\n"
 
 
-def poll_script(d: str, offset: int, wait_s: float, max_bytes: int, wrapper: tuple[int, int]) -> str:
+# Succeeds when a process in the foreground group of terminal $1 (the group
+# of pid $2's terminal) sleeps reading it, and none of that group runs: the
+# syscall it sleeps in and its first arguments are in /proc/PID/syscall
+# (numbers per architecture, as in processes/inputwait.py).
+_WAITING_FN = r"""__hbg_waiting() {
+local t=$1 s p n a0 a1 w=0 rd sel pl; local -a f
+case $HOSTTYPE in
+  x86_64) rd=" 0 17 19 " sel=" 23 270 " pl=" 7 271 ";;
+  aarch64) rd=" 63 65 67 " sel=" 72 " pl=" 73 ";;
+  *) return 1;;
+esac
+IFS= read -r s <"/proc/$2/stat" 2>/dev/null || return 1
+s=${s##*) }; f=($s); local tp=${f[5]}
+for p in /proc/[0-9]*; do
+  IFS= read -r s <"$p/stat" 2>/dev/null || continue
+  s=${s##*) }; f=($s); [ "${f[2]}" = "$tp" ] || continue
+  [ "${f[0]}" = R ] && return 1
+  IFS=' ' read -r n a0 a1 _ <"$p/syscall" 2>/dev/null || continue
+  case $n in *[!0-9]*|'') continue;; esac
+  if [[ $rd == *" $n "* ]]; then [ "$(readlink "$p/fd/$((a0))" 2>/dev/null)" = "$t" ] && w=1
+  elif [[ $sel == *" $n "* ]]; then ((a0 == 1)) && [ "$(readlink "$p/fd/0" 2>/dev/null)" = "$t" ] && w=1
+  elif [[ $pl == *" $n "* ]]; then ((a1 == 1)) && [ "$(readlink "$p/fd/0" 2>/dev/null)" = "$t" ] && w=1
+  fi
+done
+((w))
+}
+"""
+
+
+def poll_script(
+    d: str, offset: int, wait_s: float, max_bytes: int, wrapper: tuple[int, int], *, input_check: bool = False
+) -> str:
     """Wait up to ``wait_s`` for the exit, then print a status line and the output from ``offset``.
 
-    Status: an exit code; ``-`` while running; ``lost`` when the wrapper is
-    gone without recording one; ``gone`` when the directory is.
+    Status: an exit code; ``-`` while running (``- w`` with ``input_check``
+    when the program on its terminal is blocked reading it); ``lost`` when the
+    wrapper is gone without recording one; ``gone`` when the directory is.
     """
     q = shlex.quote(d)
     wait = f"{wait_s:.3f}"
+    check = (
+        _WAITING_FN
+        + 'if [ "$rc" = - ]; then t=; IFS= read -r t <"$d/tty" 2>/dev/null; IFS=" " read -r ip _ <"$d/inner" 2>/dev/null\n'
+        + '  [ -n "$t" ] && [ -n "$ip" ] && __hbg_waiting "$t" "$ip" && rc="- w"\nfi\n'
+        if input_check
+        else ""
+    )
     return (
         _STAT_FN
         + f"d={q}\n"
@@ -133,6 +172,7 @@ def poll_script(d: str, offset: int, wait_s: float, max_bytes: int, wrapper: tup
         + f"elif ! __hbg_alive {int(wrapper[0])} {int(wrapper[1])}; then\n"
         + '  if [ -s "$d/exit" ]; then IFS= read -r rc <"$d/exit"; else rc=lost; fi\n'
         + "fi\n"
+        + check
         + "builtin printf '%s\\n' \"$rc\"\n"
         + f'tail -c +{int(offset) + 1} -- "$d/out" 2>/dev/null | head -c {int(max_bytes)}\n'
     )
@@ -238,6 +278,19 @@ def check_script(d: str, pid: tuple[int, int]) -> str:
     )
 
 
+def waiting_script(d: str, quiet_s: float) -> str:
+    """Print ``w`` when the PTY process in ``d`` is blocked reading its terminal and silent for ``quiet_s``."""
+    return (
+        _WAITING_FN
+        + f"d={shlex.quote(d)}\n"
+        + 't=; IFS= read -r t <"$d/tty" 2>/dev/null; IFS=" " read -r ip _ <"$d/inner" 2>/dev/null\n'
+        + '[ -n "$t" ] && [ -n "$ip" ] || exit 0\n'
+        + "printf -v now '%(%s)T' -1; m=$(stat -c %Y -- \"$d/out\" 2>/dev/null) || exit 0\n"
+        + f"((now - m >= {max(0, int(quiet_s))})) && __hbg_waiting \"$t\" \"$ip\" && builtin printf 'w\\n'\n"
+        + "exit 0\n"
+    )
+
+
 def remove_script(d: str) -> str:
     return f"rm -rf -- {shlex.quote(d)} 2>/dev/null; exit 0\n"
 
@@ -246,4 +299,4 @@ def read_log_script(d: str, offset: int, max_bytes: int) -> str:
     return f"tail -c +{int(offset) + 1} -- {shlex.quote(d)}/out 2>/dev/null | head -c {int(max_bytes)}\n"
 
 
-__all__ += ["read_log_script"]
+__all__ += ["read_log_script", "waiting_script"]

@@ -284,6 +284,9 @@ class RemoteTree:
 
     def __init__(self) -> None:
         self.entries: dict[str, RemoteEntry] = {}
+        #: members that exist in the target but cannot be applied safely on the
+        #: host (a symlink leaving the tree, a fifo, a device): path -> why
+        self.unsafe: dict[str, str] = {}
         self.stage: BinaryIO = tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY)  # type: ignore[assignment]
         self.total_bytes = 0
         self.members = 0
@@ -325,8 +328,9 @@ def member_path(name: str) -> str:
 
 
 def check_symlink(rel: str, target: str, is_link: Callable[[str], bool]) -> None:
-    """Refuse a symlink at ``rel`` whose ``target`` resolves outside the tree,
-    or passes through another symlink (``is_link``) on the way there."""
+    """Raise ``UnsafeArchiveError`` for a symlink at ``rel`` whose ``target``
+    resolves outside the tree, or passes through another symlink (``is_link``)
+    on the way there. Pull-back skips such a link; it does not refuse the archive."""
     if not target:
         raise UnsafeArchiveError(f"symlink {rel!r} has an empty target")
     if target.startswith("/"):
@@ -394,7 +398,10 @@ def read_archive(
     skipped after their names are checked. ``known(rel)`` is the digest the
     engine pushed for ``rel``; content equal to it is not staged. Every refusal
     (``UnsafeArchiveError``) names the member and happens before the engine has
-    written anything.
+    written anything: names leaving the tree, members under a symlink, hard
+    links to anything but an earlier member, the size and count caps. A member
+    that is only unsafe to apply (a symlink whose target leaves the tree, a
+    fifo, a device) goes to ``tree.unsafe`` instead, and the rest is applied.
     """
     tree = RemoteTree()
     budget = _Budget(stream, max_bytes)
@@ -452,17 +459,27 @@ def read_archive(
                     tree.entries[rel] = entry
                     links.discard(rel)
                 else:
-                    raise UnsafeArchiveError(f"archive member {ti.name!r} is {_describe(ti)}; refusing the archive")
-        for rel, entry in tree.entries.items():
+                    # It exists in the target but has no safe equivalent here.
+                    tree.entries.pop(rel, None)
+                    links.discard(rel)
+                    tree.unsafe[rel] = f"{_describe(ti)}; not copied"
+                    continue
+                tree.unsafe.pop(rel, None)
+        for rel in list(tree.entries) + list(tree.unsafe):
             parts = rel.split("/")
             for i in range(1, len(parts)):
                 if "/".join(parts[:i]) in links:
                     raise UnsafeArchiveError(
                         f"archive member {rel!r} lies under the symlink {'/'.join(parts[:i])!r}; refusing the archive"
                     )
+        for rel, entry in list(tree.entries.items()):
             if entry.kind == "link" and entry.digest != known(rel):
                 # An unchanged link is not rewritten, so only new targets are checked.
-                check_symlink(rel, entry.target, links.__contains__)
+                try:
+                    check_symlink(rel, entry.target, links.__contains__)
+                except UnsafeArchiveError as exc:
+                    del tree.entries[rel]
+                    tree.unsafe[rel] = f"{exc}; not copied"
     except BaseException:
         tree.close()
         raise

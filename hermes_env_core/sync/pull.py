@@ -14,7 +14,14 @@ Rules, per path (``pushed`` = what the last push recorded):
 * deleted in the target, host changed since the push: the host file stays and
   is pushed again next time (reported);
 * a remote root that does not exist (target wiped or never pushed) deletes
-  nothing: it is reported in ``missing``.
+  nothing: it is reported in ``missing``;
+* an entry that cannot be applied safely (a symlink whose target leaves the
+  tree, a fifo, a device) is skipped and reported in ``skipped``; the host
+  keeps what it has there, and every other change is applied;
+* an archive whose member names leave the mapping (``../``, absolute names, a
+  member under a symlink, a hard link to outside) is tampering: the whole pull
+  is refused, nothing is written, and ``UnsafeArchiveError`` carries the
+  report (``refused``).
 
 Every write goes to a temporary name then ``rename``; Ctrl-C is deferred while
 the writes run, and a refused archive leaves the host untouched.
@@ -75,10 +82,18 @@ class PullResult:
     skipped: tuple[tuple[str, str], ...] = ()  # (host path, why)
     missing: tuple[str, ...] = ()  # remote roots that did not exist
     bytes_received: int = 0
+    refused: tuple[tuple[str, str], ...] = ()  # (remote root, why): archive refused whole, nothing applied
 
     @property
     def changed(self) -> bool:
         return bool(self.created or self.updated or self.deleted)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line per thing the caller should hear about: skips and refusals."""
+        out = [f"pull-back refused the archive of {root}: {why}; nothing was applied" for root, why in self.refused]
+        out += [f"pull-back skipped {path}: {why}" for path, why in self.skipped]
+        return tuple(out)
 
 
 @dataclass
@@ -105,10 +120,12 @@ def run_pull(engine: SyncEngine, report: ProgressCallback | None) -> PullResult:
     trees: list[tuple[MappingState, RemoteTree]] = []
     missing: list[str] = []
     received = 0
+    current = ""
     try:
         for state in engine._maps:
             if state.mapping.upload_only:
                 continue
+            current = state.remote_path
             tree = engine._with_retry(f"downloading {state.remote_path!r}", lambda s=state: _download(engine, s))
             if tree is None:
                 missing.append(state.remote_path)
@@ -123,7 +140,10 @@ def run_pull(engine: SyncEngine, report: ProgressCallback | None) -> PullResult:
                                 on_wait=lambda p=path: engine._trace("lock-wait", p))
                 locks.enter_context(lock)
             engine._trace("lock-acquired", "")
-            plans = [_plan(state, tree, out) for state, tree in trees]
+            plans = []
+            for state, tree in trees:
+                current = state.remote_path
+                plans.append(_plan(state, tree, out))
             total = sum(len(p.deletes) + len(p.writes) for p in plans)
             with defer_sigint():
                 engine._trace("apply-start", str(total))
@@ -131,6 +151,10 @@ def run_pull(engine: SyncEngine, report: ProgressCallback | None) -> PullResult:
                 for plan in plans:
                     done = _apply(engine, plan, out, report, done, total)
                 engine._trace("apply-done", str(done))
+    except UnsafeArchiveError as exc:
+        # Tampering: nothing was written. The caller still gets a report.
+        exc.report = PullResult(missing=tuple(missing), bytes_received=received, refused=((current, str(exc)),))
+        raise
     finally:
         for _, tree in trees:
             tree.close()
@@ -179,6 +203,8 @@ def _plan(state: MappingState, tree: RemoteTree, out: _Outcome) -> _Plan:
     for rel, pushed in list(state.hashes.items()):
         if rel in entries and entries[rel].kind != "dir":
             continue
+        if rel in tree.unsafe:
+            continue  # still there in the target, in a form not copied: the host keeps its version
         if rel in state.doubt or not state.accepts(rel):
             continue
         now = host.get(rel)
@@ -190,6 +216,9 @@ def _plan(state: MappingState, tree: RemoteTree, out: _Outcome) -> _Plan:
             plan.forget.append(rel)
             out.conflicts.append(SyncConflict(state.host_path(rel), "deleted in the target, changed on the host: kept the host version"))
     deleting = set(plan.deletes)
+    for rel, why in sorted(tree.unsafe.items()):
+        if state.accepts(rel):
+            out.skipped.append((state.host_path(rel), why))
     for rel, entry in entries.items():
         path = state.host_path(rel)
         if entry.kind == "dir":
@@ -212,7 +241,11 @@ def _plan(state: MappingState, tree: RemoteTree, out: _Outcome) -> _Plan:
         elif now is None and recorded is not None:
             reason = "deleted on the host, changed in the target: restored the target version"
         if entry.kind == "link":
-            check_symlink(rel, entry.target, lambda p: _is_link(state, p, entries, deleting))
+            try:
+                check_symlink(rel, entry.target, lambda p: _is_link(state, p, entries, deleting))
+            except UnsafeArchiveError as exc:
+                out.skipped.append((path, f"{exc}; not copied"))
+                continue
         if entry.copy_of is not None and not _stage_copy(state, tree, entry, host):
             out.skipped.append((path, f"hard link to {entry.copy_of!r}, whose host copy changed; pull again later"))
             continue

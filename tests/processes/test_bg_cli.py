@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,28 @@ def test_subcommands_plug_into_another_parser(tmp_path: Path, monkeypatch: pytes
     assert args.func(args) == 0
     assert "killed" in capsys.readouterr().out
     assert all(e.closed for e in opened)
+
+
+def test_ps_shows_a_pty_process_waiting_for_input(run_cli, marker: str) -> None:
+    r = run_cli("run", "--background", "--pty", f"read -p 'proceed? ' a # {marker}")
+    assert r.returncode == 0, r.stderr
+    pid_id, _, pid = r.stdout.split()
+
+    def waiting() -> bool:
+        rows = json.loads(run_cli("ps", "--json").stdout)
+        return [(row["id"], row["waiting_for_input"]) for row in rows] == [(pid_id, True)]
+
+    assert wait_until(waiting, 30, interval=0.5)
+    assert "waiting-input" in run_cli("ps").stdout
+    assert run_cli("kill", pid_id).returncode == 0
+    assert wait_until(lambda: not procinfo.is_alive(int(pid)), 10)
+
+
+def test_ps_does_not_call_a_silent_sleep_waiting(run_cli, marker: str) -> None:
+    r = run_cli("run", "--background", "--pty", f"sleep 300 # {marker}")
+    pid_id, _, pid = r.stdout.split()
+    # Silent for longer than the 2 s a prompt needs to count as waiting.
+    assert wait_until(lambda: time.time() - json.loads(run_cli("ps", "--json").stdout)[0]["started_at"] > 3, 30)
+    rows = json.loads(run_cli("ps", "--json").stdout)
+    assert [(row["id"], row["status"], row["waiting_for_input"]) for row in rows] == [(pid_id, "running", False)]
+    assert run_cli("kill", pid_id).returncode == 0

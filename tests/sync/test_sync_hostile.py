@@ -1,16 +1,20 @@
-"""Hostile archives fed to pull-back: each is refused, naming the member, and
-nothing on the host changes (not even a temporary file)."""
+"""Hostile archives fed to pull-back. Names that leave the tree are tampering:
+the archive is refused, naming the member, and nothing on the host changes
+(not even a temporary file). Entries that only cannot be applied safely (a
+symlink leaving the tree, a fifo, a device) are skipped and reported by name,
+and every other change is applied."""
 
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from hermes_env_core.errors import UnsafeArchiveError
-from hermes_env_core.sync import SyncMapping
+from hermes_env_core.sync import PullResult, SyncMapping
 from tests.sync._helpers import member, snapshot, tar_bytes, write
 
 GiB = 1024**3
@@ -34,7 +38,28 @@ def _refused(engine, transport, host: Path, archive: bytes, match: str) -> Unsaf
         engine.pull()
     assert snapshot(host) == before
     assert {rel: dict(s.hashes) for rel, s in enumerate(engine._maps)} == state
+    # The caller gets a report too, and a note that says what happened.
+    report = info.value.report
+    assert isinstance(report, PullResult)
+    assert not report.changed
+    ((root, why),) = report.refused
+    assert root == engine._maps[0].remote_path and why == str(info.value)
+    assert len(report.notes) == 1 and "refused" in report.notes[0] and "nothing was applied" in report.notes[0]
     return info.value
+
+
+def _skipped(engine, transport, host: Path, archive: bytes, names: dict[str, str]) -> PullResult:
+    """The archive is applied except ``names`` (rel -> pattern of why), reported as skipped."""
+    transport.downloads.append(archive)
+    result = engine.pull()
+    assert (host / "a.txt").read_bytes() == b"CHANGED BY REMOTE"  # the good change went through
+    assert result.updated == (str(host / "a.txt"),)
+    skipped = dict(result.skipped)
+    assert set(skipped) == {str(host / rel) for rel in names}
+    for rel, pattern in names.items():
+        assert re.search(pattern, skipped[str(host / rel)]), skipped[str(host / rel)]
+        assert any(str(host / rel) in note and "skipped" in note for note in result.notes)
+    return result
 
 
 def _with_good_change(*members):
@@ -69,18 +94,42 @@ def test_symlink_escape_then_file_through_it(pushed, transport, host: Path) -> N
     assert not (host / "evil").exists()
 
 
-def test_relative_symlink_escape(pushed, transport, host: Path) -> None:
+def test_relative_symlink_escape_is_skipped(pushed, transport, host: Path) -> None:
     archive = _with_good_change(member("sub/up", type=tarfile.SYMTYPE, linkname="../../.."))
-    _refused(pushed, transport, host, archive, r"sub/up.*outside")
+    _skipped(pushed, transport, host, archive, {"sub/up": r"sub/up.*outside"})
+    assert not os.path.lexists(host / "sub" / "up")
 
 
-def test_symlink_chain_escape(pushed, transport, host: Path) -> None:
+def test_absolute_symlink_of_a_virtualenv_is_skipped_and_the_rest_applied(pushed, transport, host: Path) -> None:
+    archive = _with_good_change(
+        member("venv/bin/python", type=tarfile.SYMTYPE, linkname="/usr/bin/python3"),
+        member("venv/bin/activate", b"# activate\n"),
+        member("sub/new.txt", b"new"),
+    )
+    result = _skipped(pushed, transport, host, archive, {"venv/bin/python": r"'/usr/bin/python3'.*absolute"})
+    assert not os.path.lexists(host / "venv" / "bin" / "python")
+    assert (host / "venv" / "bin" / "activate").read_bytes() == b"# activate\n"
+    assert (host / "sub" / "new.txt").read_bytes() == b"new"
+    assert sorted(result.created) == sorted(str(host / p) for p in ("venv/bin/activate", "sub/new.txt"))
+
+
+def test_skipped_link_over_a_pushed_file_keeps_the_host_file(pushed, transport, host: Path) -> None:
+    # The target replaced sub/b.txt with a link to /etc/passwd: the host keeps its
+    # file (neither replaced nor deleted), and says so.
+    archive = _with_good_change(member("sub/b.txt", type=tarfile.SYMTYPE, linkname="/etc/passwd"))
+    _skipped(pushed, transport, host, archive, {"sub/b.txt": "absolute"})
+    assert (host / "sub" / "b.txt").read_text() == "original b"
+
+
+def test_symlink_chain_escape_is_skipped(pushed, transport, host: Path) -> None:
     # d1/d2/l1 -> ../.. is the root (fine); l2 -> d1/d2/l1/.. would be its parent.
     archive = _with_good_change(
         member("d1/d2/l1", type=tarfile.SYMTYPE, linkname="../.."),
         member("l2", type=tarfile.SYMTYPE, linkname="d1/d2/l1/.."),
     )
-    _refused(pushed, transport, host, archive, r"'l2'.*through another symlink")
+    _skipped(pushed, transport, host, archive, {"l2": r"'l2'.*through another symlink"})
+    assert os.readlink(host / "d1" / "d2" / "l1") == "../.."
+    assert not os.path.lexists(host / "l2")
 
 
 def test_file_through_an_inner_symlink_is_refused(pushed, transport, host: Path) -> None:
@@ -123,11 +172,17 @@ def test_hardlink_to_a_name_not_in_the_archive(pushed, transport, host: Path) ->
 
 
 @pytest.mark.parametrize("kind", [tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE])
-def test_device_nodes_and_fifos(pushed, transport, host: Path, kind: bytes) -> None:
+def test_device_nodes_and_fifos_are_skipped(pushed, transport, host: Path, kind: bytes) -> None:
     ti, data = member("dev", type=kind)
     ti.devmajor, ti.devminor = 1, 3
-    err = _refused(pushed, transport, host, _with_good_change((ti, data)), "'dev' is a (device file|fifo)")
-    assert "dev" in str(err)
+    _skipped(pushed, transport, host, _with_good_change((ti, data)), {"dev": "(device file|fifo)"})
+    assert not os.path.lexists(host / "dev")
+
+
+def test_fifo_under_a_symlink_still_refuses_the_archive(pushed, transport, host: Path) -> None:
+    ti, data = member("out/fifo", type=tarfile.FIFOTYPE)
+    archive = _with_good_change(member("out", type=tarfile.SYMTYPE, linkname="/tmp"), (ti, data))
+    _refused(pushed, transport, host, archive, r"'out/fifo'.*under the symlink 'out'")
 
 
 def test_header_claiming_a_huge_size(pushed, transport, host: Path) -> None:
@@ -161,8 +216,8 @@ def test_oversized_long_name_header_is_cut_off(pushed, transport, host: Path) ->
     _refused(pushed, transport, host, archive, "oversized headers")
 
 
-def test_sparse_member(pushed, transport, host: Path) -> None:
-    _refused(pushed, transport, host, _with_good_change(member("s", type=tarfile.GNUTYPE_SPARSE)), "'s' is a sparse file")
+def test_sparse_member_is_skipped(pushed, transport, host: Path) -> None:
+    _skipped(pushed, transport, host, _with_good_change(member("s", type=tarfile.GNUTYPE_SPARSE)), {"s": "sparse file"})
 
 
 def test_excluded_members_are_only_name_checked(pushed, transport, host: Path) -> None:
@@ -201,6 +256,7 @@ def test_refusal_of_one_mapping_leaves_the_others_untouched(host: Path, tmp_path
     bad = tar_bytes(member("../../x", b"x"))
     before = (snapshot(host), snapshot(other))
     transport.downloads.extend([good, bad])
-    with pytest.raises(UnsafeArchiveError):
+    with pytest.raises(UnsafeArchiveError) as info:
         engine.pull()
     assert (snapshot(host), snapshot(other)) == before
+    assert [root for root, _ in info.value.report.refused] == ["/work/other"]

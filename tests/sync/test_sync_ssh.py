@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from hermes_env_core.errors import UnsafeArchiveError
 from hermes_env_core.sync import (
     CommandFailedError,
     CommandTransport,
@@ -135,16 +134,19 @@ def test_deletes_over_ssh(runner, remote_dir: str, tmp_path: Path) -> None:
     assert sorted(os.listdir(remote_dir)) == ["keep.txt"]
 
 
-def test_symlink_escape_made_in_the_target_is_refused(runner, remote_dir: str, tmp_path: Path) -> None:
+def test_symlink_escape_made_in_the_target_is_skipped_and_the_rest_applied(
+    runner, remote_dir: str, tmp_path: Path
+) -> None:
     host = tmp_path / "host"
     write(host / "a.txt", "a")
     engine = _engine(runner, host, remote_dir, tmp_path)
     engine.push()
     sh(runner, f"cd {remote_dir} && echo new > a.txt && ln -s /etc evil")
-    before = snapshot(host)
-    with pytest.raises(UnsafeArchiveError, match="'evil' -> '/etc'"):
-        engine.pull()
-    assert snapshot(host) == before
+    result = engine.pull()
+    ((path, why),) = result.skipped
+    assert path == str(host / "evil") and "'evil' -> '/etc'" in why
+    assert not os.path.lexists(host / "evil")
+    assert (host / "a.txt").read_text() == "new\n"
 
 
 def test_pull_survives_a_killed_session(private_sshd_server, tmp_path: Path) -> None:

@@ -1,29 +1,18 @@
-"""The command lines sent to ``process.exec``, and reading a command's output while it runs.
-
-The daemon returns a command's output once every holder of its stdout has
-closed it, so a background child (``sleep 300 &``) would hold the call open.
-The wrapped script therefore writes into a ``sed`` relay that stops at the
-wrapper's end-of-frame line: background children hold only the pipe into
-sed, never the daemon's.
-"""
+"""The command lines sent to the daemon: one line that makes its shell (zsh, bash or sh) run bash."""
 
 from __future__ import annotations
 
-import base64
 import re
+import secrets
 import shlex
-import threading
-from collections.abc import Callable
 
-from hermes_env_core.environment.handles import Writer
+__all__ = ["ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_line", "nonce_of", "session_line"]
 
-__all__ = ["ARG_LIMIT", "LiveReader", "bash_line", "file_script", "live_prefix", "nonce_of", "relay_prefix"]
-
-#: A command line is one argv string for the sandbox's shell: Linux caps those at 128 KiB.
+#: Above this size a script goes up as a file: one argv string is capped at 128 KiB, and a
+#: request body of megabytes is not what the daemon's command routes are made for.
 ARG_LIMIT = 100_000
 
 _NONCE_RE = re.compile(r"__hermes_n=([0-9a-f]{8,64});")
-_CHUNK = 4 * 1024 * 1024
 
 
 def nonce_of(script: str) -> str | None:
@@ -32,110 +21,52 @@ def nonce_of(script: str) -> str | None:
     return m.group(1) if m else None
 
 
-def relay_prefix(nonce: str | None) -> str:
-    """Script text (no newline) that sends bash's output through the relay.
+def bash_line(script: str, *, login: bool) -> str:
+    """The command line that runs ``script`` in bash, whatever shell the daemon uses.
 
-    The relay ignores SIGTERM, so a graceful stop of the command's process
-    tree leaves it to pass on what the command printed; it ends at the frame
-    or when the last writer is gone. Without a nonce (a wrapper this code
-    does not know) the output goes to the daemon directly.
+    The daemon starts zsh, bash or sh (the first its image lists) and writes
+    the command line to that shell's stdin. The script must never be that
+    input itself: its first line moves stdin (``exec ... </dev/null``), and a
+    shell reading its commands from stdin stops there. So the daemon's shell
+    only reads this one line and becomes bash, which gets the script as an
+    argument.
     """
-    if nonce is None:
-        return "exec 2>&1 </dev/null; "
-    stop = shlex.quote(f"/\x1e{nonce}:E$/q")
-    return f"exec > >(trap '' TERM; LC_ALL=C exec sed -e {stop}) 2>&1 </dev/null; "
-
-
-def live_prefix(out_path: str) -> str:
-    """Script text that sends bash's output to a file a ``LiveReader`` follows."""
-    return f"exec >{shlex.quote(out_path)} 2>&1 </dev/null; "
-
-
-def bash_line(script: str, *, login: bool, direct: bool) -> str:
-    """The exec command line that runs ``script`` in bash.
-
-    ``direct``: the sandbox already runs commands with a non-login bash, so it
-    runs the script itself; otherwise (zsh, sh) the shell becomes bash.
-    Either way the script's first line is its own first line.
-    """
-    if direct and not login:
-        return script
     return f"exec bash{' -l' if login else ''} -c {shlex.quote(script)}"
+
+
+def exports(env: dict[str, str] | None) -> str:
+    """Script text (no newline) that exports ``env``."""
+    if not env:
+        return ""
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + "; "
+
+
+def session_line(script: str, *, login: bool) -> str:
+    """The command a daemon session runs: bash reading ``script`` from a here-document on fd 3.
+
+    A session is one shell (zsh, bash or sh) reading its command lines from
+    stdin, so the command must not read that stdin (it would eat the lines
+    after it) nor ``exec`` (it would end the session's shell). The script
+    travels in the here-document, never as an argument, where anyone in the
+    sandbox could read it in ``/proc/<pid>/cmdline`` (it carries the session's
+    variables and ``env``). The daemon wraps the command as ``{ CMD; } > log``
+    (session/execute.go), so the line after the delimiter keeps bash's status
+    and lets the wrapper's ``; }`` follow.
+    """
+    body = f"exec 3<&-; {script}"
+    lines = set(body.split("\n"))
+    delim = f"HERMES_{secrets.token_hex(8)}"
+    while delim in lines:
+        delim = f"HERMES_{secrets.token_hex(8)}"
+    head = f"bash{' -l' if login else ''} /dev/fd/3 3<<'{delim}' </dev/null 2>&1"
+    return f"{head}\n{body}\n{delim}\n(exit $?)"
+
+
+def file_session_line(path: str, *, login: bool) -> str:
+    """The session command for a script uploaded as a file (see ``file_script``)."""
+    return f"bash{' -l' if login else ''} {shlex.quote(path)} </dev/null 2>&1"
 
 
 def file_script(script: str) -> bytes:
     """``script`` as a file for ``bash FILE``, which deletes itself as it starts."""
     return ('{ command rm -f -- "$0"; } 2>/dev/null; ' + script).encode("utf-8", "surrogateescape")
-
-
-def _partial_suffix(data: bytes, marker: bytes) -> int:
-    """Length of the longest proper prefix of ``marker`` that ``data`` ends with."""
-    for k in range(min(len(marker) - 1, len(data)), 0, -1):
-        if data.endswith(marker[:k]):
-            return k
-    return 0
-
-
-class LiveReader:
-    """Follows a command's output file in the sandbox and writes what appears.
-
-    ``run(script)`` runs a short bash command in the sandbox and returns its
-    output. Bytes travel base64-encoded, so they arrive exactly as written.
-    Nothing after the wrapper's end-of-frame line is passed on.
-    """
-
-    def __init__(self, run: Callable[[str], str], path: str, end: bytes | None, write: Writer) -> None:
-        self._run = run
-        self.path = path
-        self._end = end
-        self._write = write
-        self.offset = 0
-        self._carry = b""
-        self.ended = False
-
-    def read_once(self, limit: int = _CHUNK) -> int:
-        q = shlex.quote(self.path)
-        out = self._run(f"tail -c +{self.offset + 1} -- {q} 2>/dev/null | head -c {int(limit)} | base64")
-        data = base64.b64decode(out.encode("ascii", "ignore"))
-        self.offset += len(data)
-        self._emit(data)
-        return len(data)
-
-    def _emit(self, data: bytes) -> None:
-        if self.ended or not data:
-            return
-        buf = self._carry + data if self._carry else data
-        self._carry = b""
-        if self._end is None:
-            self._write(buf)
-            return
-        idx = buf.find(self._end)
-        if idx >= 0:
-            self._write(buf[: idx + len(self._end)])
-            self.ended = True
-            return
-        keep = _partial_suffix(buf, self._end)
-        if keep:
-            self._carry = buf[-keep:]
-            buf = buf[:-keep]
-        if buf:
-            self._write(buf)
-
-    def follow(self, stop: threading.Event, *, first: float = 0.05, longest: float = 0.5) -> None:
-        """Poll until ``stop`` is set; a failed poll is retried at the next one."""
-        delay = first
-        while not stop.wait(delay):
-            try:
-                got = self.read_once()
-            except Exception:  # noqa: BLE001 - transient; the final read reports for real
-                got = 0
-            delay = first if got else min(delay * 2, longest)
-
-    def finish(self) -> None:
-        """Read what is left, then remove the file."""
-        while not self.ended and self.read_once() >= _CHUNK:
-            pass
-        if self._carry and not self.ended:
-            self._write(self._carry)
-            self._carry = b""
-        self._run(f"rm -f -- {shlex.quote(self.path)}")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import math
 import os
 import re
 import secrets
 import shlex
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.base import BaseEnvironment
@@ -23,7 +23,8 @@ from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
 from hermes_env_core.errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError
 
 from . import _sdk
-from ._commands import ARG_LIMIT, LiveReader, bash_line, file_script, live_prefix, nonce_of, relay_prefix
+from ._commands import ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line
+from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
 from .config import DaytonaConfig
 
 if TYPE_CHECKING:
@@ -33,9 +34,6 @@ __all__ = ["DaytonaEnvironment"]
 
 log = logging.getLogger(__name__)
 
-#: Seconds added to the SDK's exec timeout over ours: the base class ends the
-#: command itself, and the SDK's own timeout (a 408 without output) must not win.
-_EXEC_MARGIN_S = 15
 _AUX_TIMEOUT_S = 30  # kill, pid and output-polling commands
 _TASK_LABEL = "hermes-env-task"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -43,6 +41,9 @@ _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 class _Handle(ThreadedProcessHandle):
     """Raises our own (already explained) errors as they are, others as the base does."""
+
+    notes: list[str]
+    forced: threading.Event
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
@@ -79,8 +80,8 @@ class DaytonaEnvironment(BaseEnvironment):
         self._home: str | None = None
         self._home_of: str | None = None
         self._live = threading.local()
+        self._sessions = SessionPool(_safe_name(f"hermes-{self.task_id}"))
         self._pids: dict[str, int] = {}
-        self._shells: dict[str, bool] = {}
         self._resources = self._capped_resources()
         self._sync: SyncEngine | None = None
         self._push_lock = threading.Lock()
@@ -249,36 +250,82 @@ class DaytonaEnvironment(BaseEnvironment):
         )
 
     def _bring_up(self, sb: Any, *, resumed: bool) -> Any:
-        """Wait for, start or recover ``sb`` until it runs; None if it is gone."""
+        """Wait for, start or recover ``sb`` until it runs; a new sandbox if it is gone.
+
+        A sandbox on its way down (``stopping``, ``archiving``, ``pausing``:
+        auto-stop, auto-archive, the dashboard) is waited for until it settles,
+        then started: the API refuses a start meanwhile (409), and the SDK's
+        ``wait_for_sandbox_stop`` would wait for ``stopped`` where an archiving
+        sandbox ends ``archived``. A start refused because the state moved on
+        (auto-archive began) waits and starts again, within ``start_timeout``.
+        """
         timeout = self._cfg.start_timeout
-        state = _sdk.state_of(sb)
+        deadline = time.monotonic() + timeout
         what = f"{'resuming' if resumed else 'starting'} sandbox {self.sandbox_name}"
-        if state == "started":
+        first = _sdk.state_of(sb)
+        if first == "started":
             if resumed:
                 self._note(f"resumed running sandbox {self.sandbox_name}")
             return sb
-        if state in _sdk.GOING_DOWN:
-            self._lifecycle(what, lambda: sb.wait_for_sandbox_stop(timeout=timeout))
+        for _attempt in range(4):
             state = _sdk.state_of(sb)
-        if state in _sdk.RESUMABLE:
-            self._lifecycle(what, lambda: sb.start(timeout=timeout))
-            self._note(f"{'resumed' if resumed else 'restarted'} {state} sandbox {self.sandbox_name}")
-        elif state in _sdk.COMING_UP:
-            self._lifecycle(what, lambda: sb.wait_for_sandbox_start(timeout=timeout))
-        elif state in _sdk.BROKEN:
-            if not getattr(sb, "recoverable", False):
-                raise self._broken(sb, what)
-            self._lifecycle(f"recovering sandbox {self.sandbox_name}", lambda: sb.recover(timeout=timeout))
-            self._note(f"recovered sandbox {self.sandbox_name} from state {state}")
-        elif state in _sdk.GONE:
-            return self._create()
-        else:
-            raise EnvironmentUnavailable(f"daytona: {what}: sandbox {self.sandbox_name} is in unknown state {state!r}")
+            if state in _sdk.GOING_DOWN:
+                if not self._settle(sb, what, deadline):
+                    self._note(f"sandbox {self.sandbox_name} was deleted; created a new one (session state restored)")
+                    self._lost_files()
+                    return self._create()
+                state = _sdk.state_of(sb)
+            left = max(deadline - time.monotonic(), 1.0)
+            if state == "started":
+                break
+            if state in _sdk.RESUMABLE:
+                try:
+                    _sdk.call_with_rate_limit(lambda: sb.start(timeout=left))
+                except self._sdk.DaytonaConflictError:
+                    self._lifecycle(what, sb.refresh_data)  # it moved on meanwhile: look again
+                    continue
+                except self._sdk.DaytonaError as exc:
+                    raise self._error(exc, what) from exc
+                self._note(f"{'resumed' if resumed else 'restarted'} {state} sandbox {self.sandbox_name}")
+            elif state in _sdk.COMING_UP:
+                self._lifecycle(what, lambda: sb.wait_for_sandbox_start(timeout=left))
+            elif state in _sdk.BROKEN:
+                if not getattr(sb, "recoverable", False):
+                    raise self._broken(sb, what)
+                self._lifecycle(f"recovering sandbox {self.sandbox_name}", lambda: sb.recover(timeout=left))
+                self._note(f"recovered sandbox {self.sandbox_name} from state {state}")
+            elif state in _sdk.GONE:
+                return self._create()
+            else:
+                raise EnvironmentUnavailable(
+                    f"daytona: {what}: sandbox {self.sandbox_name} is in unknown state {state!r}"
+                )
+            if _sdk.state_of(sb) == "started":
+                break
         if _sdk.state_of(sb) != "started":
             raise EnvironmentUnavailable(
                 f"daytona: {what}: sandbox {self.sandbox_name} is {_sdk.state_of(sb)}, not started"
             )
         return sb
+
+    def _settle(self, sb: Any, what: str, deadline: float) -> bool:
+        """Wait until ``sb`` has finished going down (stopped, archived, paused or broken); False if deleted."""
+        delay = 0.1
+        while _sdk.state_of(sb) in _sdk.GOING_DOWN:
+            if time.monotonic() >= deadline:
+                raise EnvironmentUnavailable(
+                    f"daytona: {what}: sandbox {self.sandbox_name} was still {_sdk.state_of(sb)} after "
+                    f"{self._cfg.start_timeout:g}s (start_timeout); try again later or raise start_timeout"
+                )
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.01)))
+            delay = min(delay * 1.5, 2.0)
+            try:
+                _sdk.call_with_rate_limit(sb.refresh_data)
+            except self._sdk.DaytonaNotFoundError:
+                return False
+            except self._sdk.DaytonaError as exc:
+                raise self._error(exc, what) from exc
+        return True
 
     def _apply_auto_stop(self, sb: Any) -> None:
         want = self._cfg.auto_stop_interval
@@ -312,16 +359,35 @@ class DaytonaEnvironment(BaseEnvironment):
         for attempt in (1, 2):
             sb = self._ready()
             try:
-                return sb.process.exec(command, env=self._cfg.env or None, timeout=timeout)
-            except sdk.DaytonaProcessExecutionTimeoutError as exc:
-                raise BackendError(
-                    f"daytona: {what}: the sandbox's daemon ended the command at its own time limit "
-                    f"(asked for {timeout}s) before hermes-env's timeout did; its output is lost"
-                ) from exc
+                res = sb.process.exec(command, env=self._cfg.env or None, timeout=timeout)
+            except sdk.DaytonaTimeoutError as exc:
+                status = getattr(exc, "status_code", None)
+                if status == 408:
+                    # REQUEST_TIMEOUT: the daemon killed the command at the time limit of the call.
+                    raise BackendError(
+                        f"daytona: {what}: the sandbox's daemon ended the command at its time limit "
+                        f"({timeout}s, HTTP 408 REQUEST_TIMEOUT); its output and exit status are lost"
+                    ) from exc
+                if status == 504:
+                    raise BackendError(
+                        f"daytona: {what}: a gateway in front of the Daytona API cut the request (HTTP 504); "
+                        "the command may have run, and its result is unknown"
+                    ) from exc
+                raise self._error(exc, what, BackendError) from exc
             except sdk.DaytonaError as exc:
                 if attempt == 1 and self._revived_after(sb, exc):
                     continue
                 raise self._error(exc, what, BackendError) from exc
+            code = res.exit_code
+            if code is None or int(code) < 0:
+                # Go's ExitCode() is -1 for a process a signal ended (or that never started):
+                # the daemon cannot say more, and a made-up status would be a lie.
+                output = (res.result or "").strip()[-500:]
+                raise BackendError(
+                    f"daytona: {what}: the daemon reports exit code {code} (the shell was ended by a signal, "
+                    f"or could not start); output: {output!r}"
+                )
+            return res
         raise AssertionError("unreachable")
 
     def _revived_after(self, sb: Any, exc: BaseException) -> bool:
@@ -350,66 +416,123 @@ class DaytonaEnvironment(BaseEnvironment):
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        sb = self._ready()  # raise here, not from the handle, when the sandbox cannot run
+        self._ready()  # raise here, not from the handle, when the sandbox cannot run
         nonce = nonce_of(script)
-        live = bool(getattr(self._live, "on", False))
-        out = f"{self._state_dir()}/.hermes-{_safe_name(self.task_id)}-{nonce or secrets.token_hex(12)}.out"
-        prefix = live_prefix(out) if live else relay_prefix(nonce)
-        command = bash_line(prefix + script, login=login, direct=self._direct(sb))
-        if len(command.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
-            # Too long for one argv string: the script goes up as a file that deletes itself.
+        end = None if nonce is None else f"\x1e{nonce}:E\n"
+        script = exports(self._cfg.env) + script
+        line = session_line(script, login=login)
+        if len(line.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
+            # A large script (a large session, a large stdin) goes up as a private file that
+            # deletes itself as it starts, and the session command only names it.
             path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
-            self._upload(file_script(prefix + script), path)
-            command = f"exec bash{' -l' if login else ''} {shlex.quote(path)}"
-        end = None if nonce is None else b"\x1e" + nonce.encode() + b":E\n"
-        sdk_timeout = None if not timeout else math.ceil(timeout) + math.ceil(self.config.kill_grace_s) + _EXEC_MARGIN_S
-        if not live:
+            self._upload(file_script(script), path)
+            line = file_session_line(path, login=login)
+        live = bool(getattr(self._live, "on", False))
+        stop = threading.Event()
+        forced = threading.Event()  # SIGKILL sent: no end record will come
+        notes: list[str] = []
 
-            def target(write: Writer) -> int:
-                res = self._exec(command, timeout=sdk_timeout)
-                data = (res.result or "").encode("utf-8", "replace")
-                write(data)
-                return _code(res.exit_code, finished=end is not None and end in data)
-
-            return _Handle(target, name="hermes-daytona-exec")
-
-        def live_target(write: Writer) -> int:
-            reader = LiveReader(lambda s: self.run_script(s, "reading live output").result or "", out, end, write)
-            stop = threading.Event()
-            follower = threading.Thread(target=reader.follow, args=(stop,), name="hermes-daytona-live", daemon=True)
-            follower.start()
-            try:
-                res = self._exec(command, timeout=sdk_timeout)
-            finally:
-                stop.set()
-                follower.join()
-            reader.finish()
-            return _code(res.exit_code, finished=reader.ended)
-
-        return _Handle(live_target, name="hermes-daytona-exec")
-
-    def _put_private_file(self, path: str, data: bytes) -> None:
-        # The session's private script: uploaded into the 0700 state directory, never a command line.
-        self._upload(data, path)
-
-    def _direct(self, sb: Any) -> bool:
-        """Whether the sandbox runs commands with a plain (non-login) bash, asked once per sandbox."""
-        known = self._shells.get(sb.id)
-        if known is None:
-            res = self._exec(
-                "printf '%s|%s|%s' \"${BASH_VERSION-}\" \"$-\" \"$(shopt -q login_shell 2>/dev/null && echo L)\"",
-                what="asking which shell runs commands",
+        def target(write: Writer) -> int:
+            started = self._start_command(line)
+            follower = CommandFollower(
+                self, started, end=end, write=write, live=live, stop=stop, forced=forced, note=notes.append
             )
-            version, _, rest = (res.result or "").partition("|")
-            flags, _, login = rest.partition("|")
-            known = bool(version.strip()) and "i" not in flags and not login.strip()
-            self._shells[sb.id] = known
-        return known
+            reusable = False
+            try:
+                code = follower.wait()
+                reusable = code is not None
+            finally:
+                self._after_command(started, reusable=reusable)
+            if code == 127 and not follower.ended and no_bash(follower.output):
+                raise BackendError(
+                    f"daytona: sandbox {self.sandbox_name} has no bash ({follower.output.strip()[:200]!r}); "
+                    "hermes-env needs bash >= 4.4 in the image: use an image that has it (python:3.12-slim, "
+                    "debian, ubuntu, Daytona's default snapshot) or add it (apk add bash)"
+                )
+            if code is None:
+                if stop.is_set():
+                    return -1  # killed: the base class reports the timeout or the cancel
+                if follower.ended:
+                    return 0  # the status the command's bash recorded in its frame stands
+                raise BackendError("daytona: the daemon reported no exit status for the command")
+            if code < 0:
+                # The daemon's -1: ended by a signal it does not name. Never a made-up status.
+                raise BackendError(
+                    f"daytona: the daemon reports exit code {code} for the command (ended by a signal it does "
+                    "not name, or never started); its real exit status is unknown"
+                )
+            return code
+
+        handle = _Handle(target, on_kill=stop.set, name="hermes-daytona-exec")
+        handle.notes = notes
+        handle.forced = forced
+        return handle
+
+    def _start_command(self, line: str) -> StartedCommand:
+        """Hand ``line`` to an idle daemon session (made when none is idle); the command's id.
+
+        A failure before the daemon accepted the command is retried once after
+        bringing a stopped sandbox back, or in a new session when the daemon
+        lost the one taken (it restarted): the command cannot have run.
+        """
+        sdk = self._sdk
+        request = sdk.SessionExecuteRequest(command=line, run_async=True)
+        for attempt in (1, 2):
+            sb = self._ready()
+            sid, new = self._sessions.take(sb)
+            try:
+                if new:
+                    _sdk.call_with_rate_limit(lambda: sb.process.create_session(sid, request_timeout=_AUX_TIMEOUT_S))
+                resp = _sdk.call_with_rate_limit(
+                    lambda: sb.process.execute_session_command(sid, request, timeout=_AUX_TIMEOUT_S)
+                )
+            except sdk.DaytonaNotFoundError as exc:
+                # The daemon no longer has this session (restarted with the sandbox): a new one.
+                self._sessions.forget(sb.id)
+                if attempt == 1:
+                    continue
+                raise self._error(exc, "starting the command", BackendError) from exc
+            except sdk.DaytonaError as exc:
+                if attempt == 1 and self._revived_after(sb, exc):
+                    self._sessions.forget(sb.id)
+                    continue
+                raise self._error(exc, "starting the command", BackendError) from exc
+            cmd_id = getattr(resp, "cmd_id", None)
+            if not cmd_id:
+                raise BackendError("daytona: the daemon accepted the command but gave no command id")
+            return StartedCommand(sb, sid, str(cmd_id))
+        raise AssertionError("unreachable")
+
+    def _after_command(self, started: StartedCommand, *, reusable: bool) -> None:
+        if reusable and self._sandbox is started.sandbox:
+            self._sessions.give_back(started.sandbox.id, started.session_id)
+            return
+
+        # Still busy (a killed command may run on) or unknown: not reused; removed in the background.
+        def drop() -> None:
+            try:
+                started.sandbox.process.delete_session(started.session_id, request_timeout=_AUX_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - best effort
+                log.debug("daytona: deleting session %s failed: %s", started.session_id, exc)
+
+        threading.Thread(target=drop, name="hermes-daytona-drop-session", daemon=True).start()
+
+    def _state_now(self) -> str:
+        """The sandbox's state, asked of the API now ("unknown" when that fails)."""
+        sb = self._sandbox
+        if sb is None:
+            return "gone"
+        try:
+            sb.refresh_data()
+        except self._sdk.DaytonaNotFoundError:
+            return "deleted"
+        except self._sdk.DaytonaError:
+            return "unknown"
+        return _sdk.state_of(sb)
 
     def run_script(self, script: str, what: str, *, timeout: int | None = _AUX_TIMEOUT_S) -> Any:
         """Run a short bash ``script`` in the sandbox; the SDK's response (``exit_code``, ``result``)."""
-        sb = self._ready()
-        return self._exec(bash_line(script, login=False, direct=self._direct(sb)), timeout=timeout, what=what)
+        return self._exec(bash_line(script, login=False), timeout=timeout, what=what)
 
     def _aux(self, script: str, what: str) -> str:
         """A short helper script's output; BackendError when it cannot run."""
@@ -424,6 +547,9 @@ class DaytonaEnvironment(BaseEnvironment):
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         # Only the command's own process tree: the sandbox and other commands run on.
+        forced = getattr(handle, "forced", None)
+        if not graceful and forced is not None:
+            forced.set()
         try:
             pid = self._pid_of(wrapped)
             if pid is not None:
@@ -524,12 +650,3 @@ class DaytonaEnvironment(BaseEnvironment):
 
 def _safe_name(text: str) -> str:
     return _NAME_SAFE.sub("-", text).strip("-.") or "sandbox"
-
-
-def _code(code: int | None, *, finished: bool) -> int:
-    """The exit status to report; ``finished``: the wrapper's frame (with the command's own) arrived."""
-    if code is not None:
-        return int(code)
-    if finished:
-        return 0  # the frame's exit code stands
-    raise BackendError("daytona: the sandbox reported no exit code for a command that did not finish normally")

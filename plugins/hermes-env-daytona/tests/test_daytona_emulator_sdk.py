@@ -42,7 +42,7 @@ from daytona.common.errors import (
     DaytonaBadRequestError,
     DaytonaFileAccessDeniedError,
     DaytonaFileNotFoundError,
-    DaytonaProcessExecutionTimeoutError,
+    DaytonaTimeoutError,
 )
 
 
@@ -271,10 +271,12 @@ def test_exec_env(client):
 def test_exec_timeout_kills_the_process_group(sandbox):
     home = Path(sandbox.get_user_home_dir())
     t0 = time.monotonic()
-    with pytest.raises(DaytonaProcessExecutionTimeoutError) as info:
+    # The daemon's 408 carries common-go's REQUEST_TIMEOUT, which the SDK maps by status only.
+    with pytest.raises(DaytonaTimeoutError) as info:
         sandbox.process.exec("sleep 30 & echo $! > child.pid; wait", timeout=1)
     assert time.monotonic() - t0 < 10
     assert info.value.status_code == 408
+    assert info.value.code == "REQUEST_TIMEOUT"
     child = int((home / "child.pid").read_text())
     stat = Path(f"/proc/{child}/stat")
     # Killed before the 408 was sent: gone, or a zombie awaiting its reaper.

@@ -54,7 +54,7 @@ def test_server_error_on_create(emu, make_env):
 def test_server_error_during_a_command(emu, make_env):
     env = make_env()
     env.execute("true")
-    emu.fail_next(500, path=r"/process/execute$")
+    emu.fail_next(500, method="POST", path=r"/process/session/[^/]+/exec$")
     with pytest.raises(BackendError, match=r"HTTP 500"):
         env.execute("echo lost")
     assert env.execute("echo next").output == "next\n"
@@ -122,8 +122,27 @@ def test_unreachable_api(monkeypatch, make_env, emu):
 
 
 def test_daemon_time_limit_is_an_error_not_a_result(emu, make_env):
+    # Helper scripts run through process.exec, which the daemon ends at the call's time
+    # limit with 408 REQUEST_TIMEOUT: an error, never an exit status.
     env = make_env()
     env.execute("true")
-    emu.max_exec_seconds = 1
-    with pytest.raises(BackendError, match="daemon ended the command at its own time limit"):
-        env.execute("sleep 5", timeout=30)
+    with pytest.raises(BackendError, match=r"daemon ended the command at its time limit \(1s, HTTP 408 REQUEST_TIMEOUT\)"):
+        env.run_script("sleep 5", "a helper", timeout=1)
+    assert env.execute("echo next").output == "next\n"
+
+
+def test_signal_killed_helper_is_an_error_not_an_exit_status(emu, make_env):
+    # The daemon reports -1 for a shell a signal ended (Go's ExitCode()): the status is unknown.
+    env = make_env()
+    env.execute("true")
+    with pytest.raises(BackendError, match=r"daemon reports exit code -1"):
+        env.run_script("kill -KILL $$", "a helper")
+
+
+def test_gateway_cut_of_a_helper_is_an_error(emu, make_env):
+    env = make_env()
+    env.execute("true")
+    emu.proxy_timeout = 0.5
+    with pytest.raises(BackendError, match=r"cut the request \(HTTP 504\)"):
+        env.run_script("sleep 2", "a helper")
+    assert emu.cut_requests == 1

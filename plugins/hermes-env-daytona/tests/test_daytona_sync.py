@@ -60,7 +60,12 @@ def test_changes_and_deletions_follow(emu, make_env, project):
     # Nothing changed: no transfer at all.
     requests = len(emu.requests)
     env.execute("true")
-    assert len(emu.requests) == requests + 1  # the command itself
+    # Only the command itself: started in a session, then its status and output asked for.
+    assert {r.path.rsplit("/", 1)[-1] if r.method == "POST" else r.method for r in emu.requests[requests:]} == {
+        "exec",
+        "GET",
+    }
+    assert not [r for r in emu.requests[requests:] if "/files" in r.path or r.path.endswith("/process/execute")]
 
 
 def test_absolute_remote_path(make_env, project, task_id):

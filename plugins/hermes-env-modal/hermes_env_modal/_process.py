@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.handles import ThreadedProcessHandle, Writer
+from hermes_env_core.errors import BackendError
 
 if TYPE_CHECKING:
     from ._loop import EventLoopThread
@@ -22,12 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["OutputBridge", "SandboxProcess", "pump"]
 
 _BRIDGE_LIMIT = 4 * 1024 * 1024  # bytes held between the loop and the pipe
-# How long to keep reading after the command's exit is known, when the base
-# class has not asked for the exit code yet (a background child may hold the
-# pipe open for ever; the base class stops reading once it has its frame).
-_LINGER_S = 0.5
-# Once the base class has the command's report, how long an exit status may lag.
-_REAP_GRACE_S = 2.0
+# How long the exit status may take once the command has reported. Modal's own
+# wait (``exec_wait`` in modal/sandbox/_task_command_router_client.py, SDK 1.6)
+# is a 60 s long-poll, retried 1 s apart for as long as the exec lives; one
+# full long-poll plus its pause and a margin is what we grant before calling the
+# exec lost. There is no sentinel: past it the command fails loudly.
+EXIT_STATUS_WAIT_S = 65.0
 _STDIN_CHUNK = 1024 * 1024  # one stdin write RPC; the SDK buffers at most 16 MiB
 
 
@@ -113,12 +114,14 @@ async def pump(
     upload: bytes | None,
     reaping: asyncio.Event,
 ) -> int:
-    """Stream an exec's output into ``bridge`` and return its exit code.
+    """Stream an exec's output into ``bridge`` and return its exit status.
 
-    After the exit, output is read until the streams end, the base class asks
-    for the exit code (``reaping``), or a short linger passes. Once the base
-    class has asked (it has the command's own report, exit code included),
-    an exit status Modal is slow to give is not waited for past a grace.
+    Returns once Modal has given the exit status and either the output streams
+    have ended or the base class has the command's own report (``reaping``:
+    a background child may hold the streams open for ever). Output may arrive
+    after the exit status, so the status alone never ends the reading. The
+    exit status is waited for as long as the SDK's wait waits; an SDK error
+    propagates (the handle reports it, never a made-up code).
     """
     readers = [asyncio.ensure_future(_read_into(proc.stdout, bridge))]
     if read_stderr:
@@ -129,29 +132,13 @@ async def pump(
     tasks: set[asyncio.Future[Any]] = {waiter, asked, *readers}
     if feeder is not None:
         tasks.add(feeder)
-    asked_at: float | None = None
-    loop = asyncio.get_running_loop()
     try:
-        while not waiter.done():
-            timeout = None if asked_at is None else max(0.0, asked_at + _REAP_GRACE_S - loop.time())
-            done, tasks = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if not done and asked_at is not None:
-                return -1  # the base class uses the exit code the command reported
+        while not (waiter.done() and (reaping.is_set() or all(r.done() for r in readers))):
+            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is asked:
-                    asked_at = loop.time()
-                elif task is not waiter and task.exception() is not None:
+                if task is not asked and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-        code = waiter.result()
-        pending = [r for r in readers if not r.done()]
-        if pending and not reaping.is_set():
-            all_read = asyncio.ensure_future(asyncio.wait(pending))
-            await asyncio.wait([all_read, asked], timeout=_LINGER_S, return_when=asyncio.FIRST_COMPLETED)
-            all_read.cancel()
-        for reader in readers:
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # type: ignore[misc]
-        return int(code)
+        return int(waiter.result())
     finally:
         for task in (*readers, waiter, asked, *(t for t in (feeder,) if t is not None)):
             if not task.done():
@@ -189,11 +176,22 @@ class SandboxProcess(ThreadedProcessHandle):
 
     def _target(self, write: Writer) -> int:
         self._bridge.drain(write, alive=lambda: self._loop.running and not self._done_future.done())
-        return self._done_future.result(timeout=30.0)
+        return self._done_future.result(timeout=EXIT_STATUS_WAIT_S)
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._asked:
-            # The base class reads no more output: the pump may stop lingering.
+            # The base class reads no more output: the pump may stop reading.
             self._asked = True
             self._loop.call_soon(self._reaping.set)
-        return super().wait(timeout)
+        if timeout is not None:
+            # The base class bounds this wait for a local process; Modal's exit
+            # status is a long-poll, waited for as long as the SDK waits.
+            timeout = max(timeout, EXIT_STATUS_WAIT_S)
+        try:
+            return super().wait(timeout)
+        except TimeoutError:
+            self.kill()  # whatever of it still runs
+            raise BackendError(
+                f"modal: the command reported its end but Modal gave no exit status within "
+                f"{timeout:g}s (exec {self.token}); its result is unknown"
+            ) from None

@@ -1,5 +1,6 @@
 """The core conformance suite, unchanged, against direct mode: the real modal SDK
-driving sandboxes of the local gRPC emulator."""
+driving sandboxes of the local gRPC emulator, with realistic latencies on (round
+trips, an exit status that comes late, output that trails it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,6 @@ class TestModalDirectConformance(EnvironmentConformance):
     hypothesis_examples = 15  # each example is a round trip through the SDK
 
     @pytest.fixture
-    def environment(self, modal_emu):
+    def environment(self, realistic_modal_emu):
         with ModalEnvironment(mode="direct", task_id=f"conf-{uuid.uuid4().hex[:8]}") as env:
             yield env

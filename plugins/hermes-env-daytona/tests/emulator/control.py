@@ -59,6 +59,7 @@ class ControlPlane:
         r("POST", f"{prefix}/sandbox/{{sid}}/start", self.start)
         r("POST", f"{prefix}/sandbox/{{sid}}/stop", self.stop)
         r("POST", f"{prefix}/sandbox/{{sid}}/archive", self.archive)
+        r("POST", f"{prefix}/sandbox/{{sid}}/pause", self.pause)
         r("POST", f"{prefix}/sandbox/{{sid}}/recover", self.recover)
         r("GET", f"{prefix}/sandbox/{{sid}}/toolbox-proxy-url", self.toolbox_proxy_url)
         r("PUT", f"{prefix}/sandbox/{{sid}}/labels", self.replace_labels)
@@ -115,6 +116,7 @@ class ControlPlane:
                 auto_delete_interval=spec.auto_delete_interval if spec.auto_delete_interval is not None else -1,
                 network_block_all=bool(spec.network_block_all),
                 create_request=body,
+                profile=self.emu.profile_of(snapshot or DEFAULT_SNAPSHOT),
             )
             self.emu.add(sb)
         forced = self.emu.pop_create_state()
@@ -174,9 +176,15 @@ class ControlPlane:
             state = sb.state
         if state in ("error", "build_failed"):
             raise HttpError(400, f"Sandbox {sb.id} is in an errored state and cannot be started")
-        if state in ("stopped", "archived"):
-            self.emu.transition(sb, via="starting", final="started")
-        elif state not in ("started", "starting", "creating"):
+        # An archived sandbox's filesystem comes back from object storage first
+        # (docs: "starting an archived sandbox takes more time"); a paused one resumes.
+        if state in ("stopped", "archived", "paused"):
+            via = {"stopped": "starting", "archived": "restoring", "paused": "resuming"}[state]
+            self.emu.transition(sb, via=via, final="started")
+        elif state in ("stopping", "archiving", "pausing"):
+            # The API refuses a start while a sandbox is on its way down: wait for it to settle.
+            raise HttpError(409, f"Sandbox {sb.id} is {state}; wait until it has finished")
+        elif state not in ("started", "starting", "creating", "restoring", "resuming"):
             raise HttpError(409, f"Sandbox {sb.id} cannot be started from state {state}")
         return self._dto(sb)
 
@@ -201,6 +209,15 @@ class ControlPlane:
         if state != "stopped":
             raise HttpError(400, f"Sandbox {sb.id} must be stopped before it can be archived")
         self.emu.transition(sb, via="archiving", final="archived")
+        return self._dto(sb)
+
+    def pause(self, req: Request) -> Response:
+        sb = self._lookup(req)
+        with sb.lock:
+            state = sb.state
+        if state != "started":
+            raise HttpError(400, f"Sandbox {sb.id} must be started to be paused")
+        self.emu.transition(sb, via="pausing", final="paused")
         return self._dto(sb)
 
     def recover(self, req: Request) -> Response:

@@ -18,6 +18,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 from .control import ControlPlane
 from .errors import SOURCE_API, HttpError
 from .events import EventHub
+from .images import DEBIAN, DEFAULT_PROFILES, ImageProfile, profile_for
 from .sandboxes import EmulatedSandbox
 from .toolbox import Toolbox
 from .wire import MAX_BODY_BYTES, Request, Response, Router, json_response
@@ -139,7 +141,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(Response(400, b'{"message":"malformed body"}'))
             return
         req = Request(self.command, path, parse_qs(url.query, keep_blank_values=True), self.headers, body)
-        resp = emu.handle(req)
+        if emu.latency > 0:
+            time.sleep(emu.latency)  # the network between a client and the service, one way
+        cut_after = emu.proxy_timeout
+        if cut_after is None:
+            resp = emu.handle(req)
+        else:
+            # A load balancer in front of the API ends a request that runs longer than its
+            # idle timeout with 504, while the work behind it goes on (the command still runs).
+            box: list[Response] = []
+            worker = threading.Thread(target=lambda: box.append(emu.handle(req)), daemon=True)
+            worker.start()
+            worker.join(cut_after)
+            if box:
+                resp = box[0]
+            else:
+                emu.record(RequestRecord(self.command, path, url.query, 504))
+                emu.cut_requests += 1
+                self.close_connection = True
+                self._send(Response(504, b"<html><body><h1>504 Gateway Time-out</h1></body></html>", "text/html"))
+                return
         emu.record(RequestRecord(self.command, path, url.query, resp.status))
         self._send(resp)
 
@@ -164,9 +185,21 @@ class DaytonaEmulator:
         ``force_state(id, state)``    put a sandbox into a state (``error`` kills its processes)
         ``create_next_in_state(s)``   the next created sandbox lands in state ``s``
         ``transition_delay``          seconds a start/stop/create spends in its transitional state
+        ``transition_delays``         per transitional state (``{"archiving": 2.0}``), over ``transition_delay``
+        ``minute_s``                  seconds in one of the service's minutes: a started sandbox idle for
+                                      ``auto_stop_interval`` minutes stops, a stopped one is archived after
+                                      ``auto_archive_interval`` minutes (0: never)
+        ``latency``                   seconds added to every request (network and proxy), e.g. 0.02
+        ``proxy_timeout``             a request still running after this many seconds gets 504 from the
+                                      "load balancer", while its work goes on (None: never)
+        ``exit_status_delay``         a session command's exit code shows this long after it ended
+        ``output_after_exit``         for this long after the exit code shows, a session command's logs
+                                      lack their last ``held_output_bytes`` bytes
         ``max_total_cpu``             quota: creating past it fails with ``quota_status`` (403)
         ``max_exec_seconds``          ceiling on any command (default 600 s)
-        ``exec_shell``                what runs ``process.exec`` commands (default bash; "sh" as a non-bash stand-in for zsh)
+        ``image_profiles``            image name -> ``ImageProfile`` (its /etc/shells, whether it has bash);
+                                      the daemon's shell is picked from it (see ``images.py``)
+        ``default_profile``           the profile of a sandbox whose image is not in ``image_profiles``
         ``advertise_toolbox_url``     False: DTOs omit ``toolboxProxyUrl`` (SDK fetches it)
     """
 
@@ -183,10 +216,22 @@ class DaytonaEmulator:
         self._timers: set[threading.Timer] = set()
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)
         self.transition_delay = 0.0
+        self.transition_delays: dict[str, float] = {}
+        self.minute_s = 60.0
+        self.latency = 0.0
+        self.proxy_timeout: float | None = None
+        self.cut_requests = 0
+        self.exit_status_delay = 0.0
+        self.output_after_exit = 0.0
+        self.held_output_bytes = 256
+        self._state_changed = threading.Condition(self.lock)
+        self._ticker_stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self.max_total_cpu: int | None = None
         self.quota_status = 403
         self.max_exec_seconds = 600.0
-        self.exec_shell = "bash"
+        self.image_profiles: dict[str, ImageProfile] = dict(DEFAULT_PROFILES)
+        self.default_profile: ImageProfile = DEBIAN
         self.advertise_toolbox_url = True
         self.events = EventHub(self)
         self._router = Router()
@@ -204,13 +249,41 @@ class DaytonaEmulator:
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="daytona-emulator", daemon=True
         )
         self._thread.start()
+        self._ticker_stop.clear()
+        self._ticker = threading.Thread(target=self._tick, name="daytona-emulator-auto", daemon=True)
+        self._ticker.start()
         return self
+
+    def _tick(self) -> None:
+        """Auto-stop and auto-archive, as the service applies ``autoStopInterval`` and
+        ``autoArchiveInterval`` (minutes; docs: sandbox management, "Auto-stop interval":
+        a sandbox idle that long stops, 0 disables it; "Auto-archive interval": a sandbox
+        stopped that long is archived). Idle means no request about the sandbox."""
+        while not self._ticker_stop.wait(0.02):
+            now = time.monotonic()
+            for sb in self.all_sandboxes():
+                with sb.lock:
+                    state, idle = sb.state, now - sb.last_activity
+                    stop_after = sb.auto_stop_interval * self.minute_s
+                    stopped_for = None if sb.stopped_at is None else now - sb.stopped_at
+                    archive_after = sb.auto_archive_interval * self.minute_s
+                if state == "started" and sb.auto_stop_interval > 0 and idle >= stop_after:
+                    sb.kill_processes()
+                    self.transition(sb, via="stopping", final="stopped")
+                elif (
+                    state == "stopped" and sb.auto_archive_interval > 0
+                    and stopped_for is not None and stopped_for >= archive_after
+                ):
+                    self.transition(sb, via="archiving", final="archived")
 
     def close(self) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         server.shutdown()
+        self._ticker_stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
         self.events.close()
         with server.sockets_lock:
             conns = list(server.open_sockets)
@@ -316,6 +389,18 @@ class DaytonaEmulator:
             with sb.lock:
                 sb.recoverable = recoverable
 
+    def wait_state(self, sandbox_id: str, *states: str, timeout: float = 10.0) -> str:
+        """Block until the sandbox is in one of ``states`` (woken by each change); the state."""
+        sb = self.sandbox(sandbox_id)
+        end = time.monotonic() + timeout
+        with self._state_changed:
+            while sb.state not in states:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"sandbox {sandbox_id} is {sb.state}, not {'/'.join(states)}, after {timeout}s")
+                self._state_changed.wait(left)
+            return sb.state
+
     def create_next_in_state(self, state: str, *, reason: str | None = None) -> None:
         if state not in VALID_STATES:
             raise ValueError(f"unknown sandbox state {state!r}")
@@ -347,6 +432,9 @@ class DaytonaEmulator:
         with self.lock:
             return list(self._sandboxes.values())
 
+    def profile_of(self, image: str | None) -> ImageProfile:
+        return profile_for(image, self.image_profiles, self.default_profile)
+
     def add(self, sb: EmulatedSandbox) -> None:
         with self.lock:
             self._sandboxes[sb.id] = sb
@@ -376,12 +464,14 @@ class DaytonaEmulator:
                 self._sandboxes.pop(sb.id, None)
             if not self.keep_files:
                 sb.remove_files()
+        with self._state_changed:
+            self._state_changed.notify_all()
         if old != state and dto is not None:
             self.events.state_changed(dto, old, state)
 
     def transition(self, sb: EmulatedSandbox, *, via: str, final: str) -> None:
         """Move to ``final``, spending ``transition_delay`` seconds in ``via`` first."""
-        delay = self.transition_delay
+        delay = self.transition_delays.get(via, self.transition_delay)
         if delay <= 0:
             self.set_state(sb, final)
             return

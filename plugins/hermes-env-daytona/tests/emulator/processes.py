@@ -1,6 +1,6 @@
 """Real local processes behind ``/process/execute`` and the session API.
 
-Every command is a real ``bash`` process in its own process group, so a
+Every command is a real shell process in its own process group, so a
 timeout or a sandbox stop kills the whole tree (``os.killpg``), as the daemon
 does.  Nothing here sleeps to wait: completion is observed through pipes
 (``communicate`` / a reader thread on the session shell's stdout).
@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,13 @@ class ProcessTable:
             return len(self._procs)
 
 
+def go_exit_code(returncode: int | None) -> int:
+    """``ProcessState.ExitCode()`` as Go reports it: -1 for a process ended by a signal."""
+    if returncode is None or returncode < 0:
+        return -1
+    return returncode
+
+
 def run_command(
     command: str,
     *,
@@ -89,22 +97,29 @@ def run_command(
     env: dict[str, str],
     timeout: float,
     table: ProcessTable,
-    shell: str = "bash",
+    shell: str,
 ) -> ExecOutcome:
-    """``<shell> -c command`` with stdout and stderr merged, killed as a group at ``timeout``."""
+    """``shell`` with ``command`` written to its stdin, output merged, killed as a group at ``timeout``.
+
+    As the daemon's ``buildExecCmd`` (apps/daemon/pkg/toolbox/process/execute_linux.go):
+    the shell gets no arguments, reads the command from stdin (which then ends),
+    runs in its own process group (Setpgid) and is killed as a group on timeout.
+    The exit code is Go's ``ExitCode()``: -1 when a signal ended the shell.
+    """
     proc = subprocess.Popen(
-        [shell, "-c", command],
+        [shell],
         cwd=str(cwd),
         env=env,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     table.add(proc)
+    data = command.encode("utf-8", "surrogateescape")
     try:
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            out, _ = proc.communicate(data, timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             kill_group(proc)
@@ -118,7 +133,7 @@ def run_command(
     finally:
         table.discard(proc)
     return ExecOutcome(
-        exit_code=proc.returncode if proc.returncode is not None else -1,
+        exit_code=go_exit_code(proc.returncode),
         output=out.decode("utf-8", errors="replace"),
         timed_out=timed_out,
     )
@@ -130,6 +145,8 @@ class SessionCommand:
     command: str
     dir: Path
     exit_code: int | None = None
+    #: time.monotonic() when the session's shell wrote the exit code
+    finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
     def stdout(self) -> str:
@@ -147,15 +164,25 @@ def _read_text(path: Path) -> str:
 
 
 class ShellSession:
-    """A long-lived ``bash`` reading commands from its stdin (cwd/env persist).
+    """One daemon session: a long-lived shell reading command lines from its stdin.
 
-    Each command is written to a file and sourced inside a group whose stdout and
-    stderr go to per-command files; the shell then prints ``<cmd-id> <status>`` on
-    its own stdout, which a reader thread turns into the command's completion.
-    ``exit`` in a command ends the session, as on the daemon.
+    As the daemon's ``CreateSession``/``SessionExecuteCommand``
+    (apps/daemon/pkg/toolbox/process/session/session.go, execute.go): the shell
+    is ``GetShell()``'s (zsh, bash or sh, see ``images.py``), started with no
+    arguments in the work directory; each command is written to its stdin as
+    one line ``{ CMD; } > log 2>&1; echo "$?" > exit_code_file`` (here stdout
+    and stderr go to two files, which the logs route returns as ``stdout``,
+    ``stderr`` and both as ``output``). So commands of one session run one
+    after the other, cwd and exports persist, a command that reads stdin eats
+    the lines after it, ``exit`` ends the session, and the exit code is the
+    shell's ``$?`` (128+N after a signal), known once that file is written.
+    The shell prints the command id after the file, which tells this
+    emulator without polling that the command has ended.
     """
 
-    def __init__(self, session_id: str, *, cwd: Path, env: dict[str, str], state_dir: Path, table: ProcessTable):
+    def __init__(
+        self, session_id: str, *, cwd: Path, env: dict[str, str], state_dir: Path, table: ProcessTable, shell: str
+    ):
         self.id = session_id
         self._dir = state_dir
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +190,7 @@ class ShellSession:
         self.commands: dict[str, SessionCommand] = {}
         self._table = table
         self._proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"],
+            [shell],
             cwd=str(cwd),
             env=env,
             stdin=subprocess.PIPE,
@@ -182,48 +209,35 @@ class ShellSession:
     def _read_markers(self) -> None:
         assert self._proc.stdout is not None
         for raw in self._proc.stdout:
-            parts = raw.decode("utf-8", errors="replace").split()
-            if len(parts) != 2:
-                continue
             with self._lock:
-                cmd = self.commands.get(parts[0])
+                cmd = self.commands.get(raw.decode("utf-8", errors="replace").strip())
             if cmd is None:
                 continue
             try:
-                cmd.exit_code = int(parts[1])
-            except ValueError:
-                cmd.exit_code = -1
+                cmd.exit_code = int((cmd.dir / "exit_code").read_text().strip())
+            except (OSError, ValueError):
+                cmd.exit_code = None
+            cmd.finished_at = time.monotonic()
             cmd.done.set()
-        # The shell ended: every unfinished command ends with the shell's status.
-        rc = self._proc.wait()
+        # The shell ended: a command it was running never gets its exit code file.
+        self._proc.wait()
         self._table.discard(self._proc)
-        with self._lock:
-            pending = [c for c in self.commands.values() if not c.done.is_set()]
-        for cmd in pending:
-            cmd.exit_code = rc
-            cmd.done.set()
 
     def execute(self, command: str) -> SessionCommand:
         cmd_id = str(uuid.uuid4())
         cmd_dir = self._dir / cmd_id
         cmd_dir.mkdir(parents=True)
-        script = cmd_dir / "cmd.sh"
-        script.write_text(command + "\n", encoding="utf-8")
         cmd = SessionCommand(id=cmd_id, command=command, dir=cmd_dir)
         with self._lock:
             self.commands[cmd_id] = cmd
-        line = (
-            f"{{ . {shlex.quote(str(script))}; }} "
-            f"> {shlex.quote(str(cmd_dir / 'stdout'))} 2> {shlex.quote(str(cmd_dir / 'stderr'))} < /dev/null; "
-            f"printf '%s %d\\n' {cmd_id} $?\n"
-        )
+        q = lambda name: shlex.quote(str(cmd_dir / name))  # noqa: E731
+        line = f'{{ {command}; }} > {q("stdout")} 2> {q("stderr")}; echo "$?" > {q("exit_code")}; echo {cmd_id}\n'
         try:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(line.encode("utf-8"))
+            self._proc.stdin.write(line.encode("utf-8", "surrogateescape"))
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
-            cmd.exit_code = self._proc.poll() if self._proc.poll() is not None else -1
-            cmd.done.set()
+            pass  # the shell is gone: the command never gets an exit code, as on the daemon
         return cmd
 
     def close(self) -> None:

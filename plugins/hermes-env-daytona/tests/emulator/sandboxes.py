@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from pathlib import Path
 from daytona_api_client import BuildInfo, Sandbox, SandboxDesiredState, SandboxListItem, SandboxState
 
 from .errors import daemon_error
+from .images import DEBIAN, ImageProfile, executable, path_without_bash
 from .processes import ProcessTable, ShellSession
 
 DEFAULT_USER = "daytona"
@@ -49,6 +51,10 @@ _DESIRED = {
     "stopping": SandboxDesiredState.STOPPED,
     "archived": SandboxDesiredState.ARCHIVED,
     "archiving": SandboxDesiredState.ARCHIVED,
+    "restoring": SandboxDesiredState.STARTED,
+    "resuming": SandboxDesiredState.STARTED,
+    "pausing": SandboxDesiredState.PAUSED,
+    "paused": SandboxDesiredState.PAUSED,
     "destroyed": SandboxDesiredState.DESTROYED,
     "destroying": SandboxDesiredState.DESTROYED,
 }
@@ -86,7 +92,12 @@ class EmulatedSandbox:
     auto_archive_interval: int = 10080
     auto_delete_interval: int = -1
     network_block_all: bool = False
+    profile: ImageProfile = DEBIAN
     create_request: dict = field(default_factory=dict)
+    #: time.monotonic() of the last request about this sandbox (auto-stop counts idleness from it)
+    last_activity: float = field(default_factory=time.monotonic)
+    #: time.monotonic() when it last reached ``stopped`` (auto-archive counts from it)
+    stopped_at: float | None = None
     created_at: datetime = field(default_factory=_now)
     updated_at: datetime = field(default_factory=_now)
     processes: ProcessTable = field(default_factory=ProcessTable)
@@ -129,13 +140,20 @@ class EmulatedSandbox:
         return real
 
     # ------------------------------------------------------------- processes
+    def daemon_shell(self) -> str:
+        """The program the daemon runs commands with (see ``images.py``)."""
+        return executable(self.profile.daemon_shell())
+
     def process_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if not self.profile.has_bash:
+            path = path_without_bash(self.state_dir.parent.parent, path)
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": path,
             "HOME": str(self.home),
             "USER": self.user,
             "LOGNAME": self.user,
-            "SHELL": "/bin/bash",
+            "SHELL": self.profile.daemon_shell() if self.profile.daemon_shell().startswith("/") else "/bin/sh",
             "LANG": "C.UTF-8",
             "DAYTONA_SANDBOX_ID": self.id,
             "DAYTONA_SANDBOX_USER": self.user,
@@ -162,6 +180,8 @@ class EmulatedSandbox:
         old = self.state
         self.state = state
         self.updated_at = _now()
+        self.last_activity = time.monotonic()
+        self.stopped_at = self.last_activity if state == "stopped" else None
         if state == "error":
             self.error_reason = reason or self.error_reason or "emulated error"
         elif state not in ("build_failed",):

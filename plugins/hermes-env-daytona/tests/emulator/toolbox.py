@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import stat
+import time
 import urllib.parse
 import uuid
 from datetime import UTC, datetime
@@ -168,6 +169,7 @@ class Toolbox:
         sb = self.emu.sandbox(req.params["sid"], source=SOURCE_PROXY)
         with sb.lock:
             state = sb.state
+            sb.last_activity = time.monotonic()
         if state != "started":
             raise HttpError(400, f"Sandbox {sb.id} is not running (state: {state})", source=SOURCE_PROXY)
         return sb
@@ -192,6 +194,10 @@ class Toolbox:
 
     # ------------------------------------------------------------------ process
     def execute(self, req: Request) -> Response:
+        # apps/daemon/pkg/toolbox/process/execute/execute.go (ExecuteCommand): the command runs
+        # in the shell GetShell() picks, fed on stdin (execute_linux.go, buildExecCmd); a
+        # timeout answers 408 with the message below; exitCode is Go's ExitCode(), -1 when a
+        # signal ended the shell.
         sb = self._running(req)
         spec: ExecuteRequest = _parse_model(ExecuteRequest, req)
         if not spec.command.strip():
@@ -207,14 +213,14 @@ class Toolbox:
             env=sb.process_env(spec.envs),
             timeout=min(timeout, limit),
             table=sb.processes,
-            shell=self.emu.exec_shell,
+            shell=sb.daemon_shell(),
         )
         if outcome.timed_out:
             raise daemon_error(
                 408,
                 f"Command execution timed out after {spec.timeout or int(limit)} seconds. The timeout can be "
                 "increased by adjusting the timeout parameter in the request.",
-                "PROCESS_EXECUTION_TIMEOUT",
+                "REQUEST_TIMEOUT",  # common-go errors.NewRequestTimeoutError
             )
         return json_response(ExecuteResponse(exit_code=outcome.exit_code, result=outcome.output))
 
@@ -230,12 +236,33 @@ class Toolbox:
                 env=sb.process_env(),
                 state_dir=sb.state_dir / "sessions" / uuid.uuid4().hex,
                 table=sb.processes,
+                shell=sb.daemon_shell(),
             )
         return empty(201)
 
-    @staticmethod
-    def _session_model(session: ShellSession) -> Session:
-        commands = [Command(id=c.id, command=c.command, exit_code=c.exit_code) for c in list(session.commands.values())]
+    def _exit_code(self, cmd) -> int | None:
+        """The exit code as the daemon shows it: once its file is written, plus ``exit_status_delay``."""
+        if cmd.finished_at is None or time.monotonic() - cmd.finished_at < self.emu.exit_status_delay:
+            return None
+        return cmd.exit_code
+
+    def _logs(self, cmd) -> tuple[str, str]:
+        """stdout and stderr; just after the exit code shows, the last bytes may not be there yet."""
+        stdout, stderr = cmd.stdout(), cmd.stderr()
+        hold = self.emu.output_after_exit
+        if hold > 0 and cmd.finished_at is not None:
+            if time.monotonic() - cmd.finished_at < self.emu.exit_status_delay + hold:
+                cut = self.emu.held_output_bytes
+                if stderr:
+                    stderr = stderr.encode("utf-8")[:-cut].decode("utf-8", "ignore")
+                else:
+                    stdout = stdout.encode("utf-8")[:-cut].decode("utf-8", "ignore")
+        return stdout, stderr
+
+    def _session_model(self, session: ShellSession) -> Session:
+        commands = [
+            Command(id=c.id, command=c.command, exit_code=self._exit_code(c)) for c in list(session.commands.values())
+        ]
         return Session(session_id=session.id, commands=commands)
 
     def list_sessions(self, req: Request) -> Response:
@@ -257,20 +284,26 @@ class Toolbox:
         return empty(204)
 
     def session_exec(self, req: Request) -> Response:
+        # apps/daemon/pkg/toolbox/process/session/execute.go (SessionExecuteCommand): the line
+        # goes to the session shell's stdin; async answers 202 with the command id at once,
+        # sync waits for the exit code file.
         sb = self._running(req)
         session = self._session(sb, req.params["session"])
         spec: SessionExecuteRequest = _parse_model(SessionExecuteRequest, req)
-        if not session.alive:
-            raise daemon_error(410, f"session {session.id} has ended", "SESSION_ENDED")
+        if not spec.command.strip():
+            raise daemon_error(400, "command cannot be empty", "BAD_REQUEST")
         cmd = session.execute(spec.command)
         if spec.run_async or spec.var_async:
             return json_response(SessionExecuteResponse(cmd_id=cmd.id), status=202)
+        deadline = time.monotonic() + self.emu.max_exec_seconds
         if not cmd.done.wait(timeout=self.emu.max_exec_seconds):
             raise daemon_error(408, "session command did not finish in time", "PROCESS_EXECUTION_TIMEOUT")
-        stdout, stderr = cmd.stdout(), cmd.stderr()
+        while self._exit_code(cmd) is None and cmd.exit_code is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the daemon polls the exit code file every 50 ms
+        stdout, stderr = self._logs(cmd)
         return json_response(
             SessionExecuteResponse(
-                cmd_id=cmd.id, exit_code=cmd.exit_code, output=stdout + stderr, stdout=stdout, stderr=stderr
+                cmd_id=cmd.id, exit_code=self._exit_code(cmd), output=stdout + stderr, stdout=stdout, stderr=stderr
             )
         )
 
@@ -284,13 +317,13 @@ class Toolbox:
 
     def get_command(self, req: Request) -> Response:
         cmd = self._command(req)
-        return json_response(Command(id=cmd.id, command=cmd.command, exit_code=cmd.exit_code))
+        return json_response(Command(id=cmd.id, command=cmd.command, exit_code=self._exit_code(cmd)))
 
     def command_logs(self, req: Request) -> Response:
         if req.flag("follow"):
             raise daemon_error(400, "the emulator does not stream logs (follow=true)", "BAD_REQUEST")
         cmd = self._command(req)
-        stdout, stderr = cmd.stdout(), cmd.stderr()
+        stdout, stderr = self._logs(cmd)
         return json_response(SessionCommandLogsResponse(output=stdout + stderr, stdout=stdout, stderr=stderr))
 
     # -------------------------------------------------------------------- files

@@ -5,6 +5,6 @@ this machine. See ``README.md`` beside this file for the RPCs covered and the ca
 """
 
 from .sdk import pointed_at, reset_modal_client
-from .server import ModalEmulator
+from .server import REALISTIC, ModalEmulator
 
-__all__ = ["ModalEmulator", "pointed_at", "reset_modal_client"]
+__all__ = ["REALISTIC", "ModalEmulator", "pointed_at", "reset_modal_client"]

@@ -146,7 +146,9 @@ class ControlPlane:
             raise GRPCError(Status.NOT_FOUND, f"App {req.app_id} not found")
         env = env_from_secret_sources(req.secret_sources)
         env.update(dict(req.definition.environment_variables.contents))
-        sb = await self.store.create_sandbox(req.app_id, req.definition, env)
+        sb = await self.store.create_sandbox(
+            req.app_id, req.definition, env, lacks=frozenset(self.emu.image_lacks)
+        )
         return api_pb2.SandboxCreateV2Response(
             sandbox_id=sb.id,
             task_id=sb.task_id,

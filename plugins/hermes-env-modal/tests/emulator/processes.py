@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 READ_CHUNK = 64 * 1024
@@ -41,20 +42,57 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 class OutputBuffer:
-    """Append-only byte log of one pipe, with waiters for new data / EOF."""
+    """Append-only byte log of one pipe, with waiters for new data / EOF.
 
-    def __init__(self) -> None:
+    ``delay`` (the emulator's ``output_delay`` knob) makes each chunk, and the
+    EOF, visible to readers only that long after the process wrote it, in order.
+    The real service carries output on a stream of its own (``TaskExecStdioRead``,
+    offset-resumable, see ``_stream_stdio_with_retries`` in the SDK's
+    ``modal/sandbox/_task_command_router_client.py``) and the exit status on
+    another (``TaskExecWait``); nothing orders one after the other, so output
+    may arrive after the exit status.
+    """
+
+    def __init__(self, delay: float = 0.0) -> None:
         self.data = bytearray()
         self.eof = False
+        self.delay = delay
         self._changed = asyncio.Event()
+        self._pending: deque[tuple[float, bytes | None]] = deque()
+        self._deliverer: asyncio.Task | None = None
 
     def append(self, chunk: bytes) -> None:
+        if self.delay > 0 or self._pending:
+            self._later(chunk)
+            return
         self.data.extend(chunk)
         self._wake()
 
     def close(self) -> None:
+        if self.delay > 0 or self._pending:
+            self._later(None)
+            return
         self.eof = True
         self._wake()
+
+    def _later(self, chunk: bytes | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._pending.append((loop.time() + self.delay, chunk))
+        if self._deliverer is None or self._deliverer.done():
+            self._deliverer = loop.create_task(self._deliver())
+
+    async def _deliver(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            when, chunk = self._pending[0]
+            if when > loop.time():
+                await asyncio.sleep(when - loop.time())
+            self._pending.popleft()
+            if chunk is None:
+                self.eof = True
+            else:
+                self.data.extend(chunk)
+            self._wake()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -92,6 +130,10 @@ class LocalProcess:
     _proc: asyncio.subprocess.Process | None = None
     _exit: asyncio.Future | None = None
     _exited: asyncio.Event = field(default_factory=asyncio.Event)
+    # When the service reports the exit status (TaskExecWait/TaskExecPoll): the
+    # emulator's ``exit_status_delay`` after the process exited.
+    exit_status_delay: float = 0.0
+    _reported: asyncio.Event = field(default_factory=asyncio.Event)
     _stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _tasks: list = field(default_factory=list)
 
@@ -181,6 +223,21 @@ class LocalProcess:
         self.finished_at = time.monotonic()
         self.stdin_closed = True
         self._exited.set()
+        if self.exit_status_delay > 0:
+            asyncio.get_running_loop().call_later(self.exit_status_delay, self._reported.set)
+        else:
+            self._reported.set()
+
+    def reported(self) -> bool:
+        """Whether the service has the exit status to report yet."""
+        return self._reported.is_set()
+
+    async def wait_reported(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._reported.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     async def _deadline(self, timeout: float) -> None:
         try:

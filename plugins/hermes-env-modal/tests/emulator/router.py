@@ -7,6 +7,7 @@ Exec, its stdio and stdin, and filesystem snapshots go through here.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from .server import ModalEmulator
 
 FS_TOOLS_SCRIPT = Path(__file__).with_name("fs_tools.py")
+# What an Envoy-style proxy answers when it resets a held upstream request; the
+# SDK treats UNAVAILABLE as transient (RETRYABLE_GRPC_STATUS_CODES in
+# modal/_utils/grpc_utils.py). The exact wording the real front end uses is not public.
+_PROXY_CUT = "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
 
 _STDOUT_FDS = (
     sr_pb2.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDOUT,
@@ -90,6 +95,9 @@ class CommandRouter:
         env["MODAL_EMULATOR_SANDBOX_ROOT"] = str(sb.root)
         env["MODAL_EMULATOR_SANDBOX_WORKDIR"] = sb.workdir or ""
         proc = LocalProcess(id=req.exec_id, argv=argv, cwd=str(cwd))
+        proc.exit_status_delay = self.emu.exit_status_delay
+        proc.stdout.delay = proc.stderr.delay = self.emu.output_delay
+        sb.touch()
         sb.execs[req.exec_id] = proc
         await proc.start(
             env,
@@ -104,8 +112,27 @@ class CommandRouter:
     async def TaskExecStdioRead(self, req, stream):
         proc = self._exec(req.task_id, req.exec_id)
         buf = proc.stdout if req.file_descriptor in _STDOUT_FDS else proc.stderr
-        async for _, chunk in buf.chunks(req.offset):
-            yield sr_pb2.TaskExecStdioReadResponse(data=chunk)
+        # A proxy in front of the router may cut a long-held response stream
+        # (``cut_long_requests_after``); the SDK resumes it at the byte offset it
+        # has read (``_stream_stdio_with_retries``: retryable statuses, 10 retries,
+        # the budget reset by every chunk received).
+        cut = self.emu.cut_long_requests_after
+        loop = asyncio.get_running_loop()
+        cut_at = loop.time() + cut if cut else None
+        chunks = buf.chunks(req.offset)
+        try:
+            while True:
+                nxt = asyncio.ensure_future(chunks.__anext__())
+                try:
+                    timeout = None if cut_at is None else max(0.0, cut_at - loop.time())
+                    _, chunk = await asyncio.wait_for(nxt, timeout)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise GRPCError(Status.UNAVAILABLE, _PROXY_CUT) from None
+                yield sr_pb2.TaskExecStdioReadResponse(data=chunk)
+        finally:
+            await chunks.aclose()
 
     @staticmethod
     def _exit_status(resp, proc: LocalProcess):
@@ -116,13 +143,31 @@ class CommandRouter:
         return resp
 
     async def TaskExecWait(self, req, stream):
+        # A long-poll: the SDK (``exec_wait`` in modal/sandbox/_task_command_router_client.py)
+        # sends it with a 60 s timeout and retries it for ever, 1 s apart, on
+        # DEADLINE_EXCEEDED/UNAVAILABLE/CANCELLED/INTERNAL/UNKNOWN, until an exit status,
+        # NOT_FOUND (task gone) or the exec's own deadline. The answer comes
+        # ``exit_status_delay`` after the process exited, and a proxy may cut the
+        # held request first (``cut_long_requests_after``).
         proc = self._exec(req.task_id, req.exec_id)
-        await proc.wait()  # bounded by the call's deadline (the client sends 60 s)
-        return self._exit_status(sr_pb2.TaskExecWaitResponse(), proc)
+        sb = self._task(req.task_id, running=False)
+        cut = self.emu.cut_long_requests_after
+        waiter = asyncio.ensure_future(proc.wait_reported())
+        ended = asyncio.ensure_future(sb._done.wait())
+        try:
+            await asyncio.wait({waiter, ended}, timeout=cut or None, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (waiter, ended):
+                t.cancel()
+        if proc.reported():
+            return self._exit_status(sr_pb2.TaskExecWaitResponse(), proc)
+        if sb.result is not None:
+            raise GRPCError(Status.NOT_FOUND, f"Task {req.task_id} has finished")
+        raise GRPCError(Status.UNAVAILABLE, _PROXY_CUT)
 
     async def TaskExecPoll(self, req, stream):
         proc = self._exec(req.task_id, req.exec_id)
-        if not proc.done():
+        if not proc.reported():
             return sr_pb2.TaskExecPollResponse()
         return self._exit_status(sr_pb2.TaskExecPollResponse(), proc)
 

@@ -63,6 +63,13 @@ class _Servable:
         return self._mapping
 
 
+#: What the tests call realistic: a 20 ms round trip (a client in the same
+#: region), the exit status 100 ms after the exit and output 250 ms after it is
+#: written, so output trails the exit status. Modal publishes no such figures;
+#: these are chosen to exercise the orderings the SDK's own retry code allows.
+REALISTIC = {"rpc_latency": 0.02, "exit_status_delay": 0.1, "output_delay": 0.25}
+
+
 class ModalEmulator:
     """Local stand-in for the Modal API as used by ``modal.Sandbox``.
 
@@ -84,6 +91,11 @@ class ModalEmulator:
         keep_files: bool = False,
         startup_timeout: float = 15.0,
         shutdown_timeout: float = 15.0,
+        rpc_latency: float = 0.0,
+        exit_status_delay: float = 0.0,
+        output_delay: float = 0.0,
+        cut_long_requests_after: float | None = None,
+        image_lacks: tuple[str, ...] = (),
     ) -> None:
         self.token_id = token_id
         self.token_secret = token_secret
@@ -114,6 +126,19 @@ class ModalEmulator:
         self._startup_error: BaseException | None = None
         self._stop: asyncio.Event | None = None
         self._servers: list[grpclib.server.Server] = []
+        # -- knobs for what the real service does (tests may change them at any time) --
+        #: a network round trip: every RPC is answered this much later.
+        self.rpc_latency: float = rpc_latency
+        #: TaskExecWait/TaskExecPoll learn an exec's exit status this long after it exited.
+        self.exit_status_delay: float = exit_status_delay
+        #: output reaches TaskExecStdioRead readers this long after it was written,
+        #: so with a larger value than exit_status_delay it comes after the exit status.
+        self.output_delay: float = output_delay
+        #: a proxy cuts held requests (TaskExecWait, stdio streams) after this many
+        #: seconds with UNAVAILABLE; None: never.
+        self.cut_long_requests_after: float | None = cut_long_requests_after
+        #: programs missing from sandboxes created from now on (an image without bash).
+        self.image_lacks: set[str] = set(image_lacks)
 
     # -- public surface ------------------------------------------------------------------
     @property
@@ -367,6 +392,8 @@ class ModalEmulator:
                     f"emulator: {service}/{method} is not implemented",
                 )
             impl.check_auth(stream)
+            if self.rpc_latency > 0:
+                await asyncio.sleep(self.rpc_latency)
             try:
                 if cardinality is _CARD.UNARY_UNARY:
                     req = await stream.recv_message()

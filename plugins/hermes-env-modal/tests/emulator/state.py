@@ -70,8 +70,15 @@ class SandboxState:
     entrypoint: LocalProcess | None = None
     execs: dict[str, LocalProcess] = field(default_factory=dict)
     snapshots: list[str] = field(default_factory=list)
+    idle_timeout_secs: int = 0
+    last_active: float = field(default_factory=time.monotonic)
+    path: str | None = None  # PATH of its processes when the image lacks programs
     _done: asyncio.Event = field(default_factory=asyncio.Event)
     _timer: asyncio.TimerHandle | None = None
+
+    def touch(self) -> None:
+        """An exec started or ended: the idle clock restarts."""
+        self.last_active = time.monotonic()
 
     # -- read by tests -------------------------------------------------------------------
     @property
@@ -108,7 +115,7 @@ class SandboxState:
     # -- process environment -------------------------------------------------------------
     def process_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": self.path or os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(self.root),
             "LANG": "C.UTF-8",
             "MODAL_SANDBOX_ID": self.id,
@@ -125,6 +132,23 @@ def env_from_secret_sources(sources) -> dict[str, str]:
         if src.WhichOneof("source") == "env":
             env.update(dict(src.env.contents))
     return env
+
+
+def _bin_without(where: Path, lacks: frozenset[str]) -> Path:
+    """A PATH directory with every program of this host's PATH except ``lacks``:
+    what an exec sees in an image that does not ship them (e.g. no bash)."""
+    where.mkdir(parents=True, exist_ok=True)
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            target, link = os.path.join(d, name), where / name
+            if name in lacks or link.exists() or not os.access(target, os.X_OK):
+                continue
+            link.symlink_to(target)
+    return where
 
 
 class Store:
@@ -185,7 +209,12 @@ class Store:
 
     # -- sandboxes -----------------------------------------------------------------------
     async def create_sandbox(
-        self, app_id: str, definition: api_pb2.Sandbox, env: dict[str, str]
+        self,
+        app_id: str,
+        definition: api_pb2.Sandbox,
+        env: dict[str, str],
+        *,
+        lacks: frozenset[str] = frozenset(),
     ) -> SandboxState:
         sandbox_id = new_id("sb")
         task_id = new_id(
@@ -222,7 +251,10 @@ class Store:
             entrypoint_args=list(definition.entrypoint_args),
             env=env,
             name=definition.name if definition.HasField("name") else None,
+            idle_timeout_secs=definition.idle_timeout_secs,
         )
+        if lacks:
+            sb.path = str(_bin_without(self.base_dir / "bins" / sandbox_id, lacks))
         self.sandboxes[sandbox_id] = sb
         self.tasks[task_id] = sandbox_id
         loop = asyncio.get_running_loop()
@@ -233,12 +265,31 @@ class Store:
                     self.finish(sb, GENERIC.GENERIC_STATUS_TIMEOUT)
                 ),
             )
+        if sb.idle_timeout_secs:
+            loop.create_task(self._watch_idle(sb))
         if sb.entrypoint_args:
             proc = LocalProcess(id="entrypoint", argv=sb.entrypoint_args, cwd=str(root))
             sb.entrypoint = proc
             await proc.start(sb.process_env())
             loop.create_task(self._watch_entrypoint(sb, proc))
         return sb
+
+    async def _watch_idle(self, sb: SandboxState) -> None:
+        # Modal's Sandbox.create docs: idle_timeout ends a sandbox after that many
+        # seconds with no running exec, stdin write or tunnel connection. How the
+        # ended sandbox's result reads is not documented; the emulator reports a
+        # timeout naming the idle limit.
+        while sb.result is None:
+            await asyncio.sleep(0.1)
+            busy = any(not p.done() for p in sb.execs.values())
+            if busy:
+                sb.touch()
+            elif time.monotonic() - sb.last_active >= sb.idle_timeout_secs:
+                await self.finish(
+                    sb,
+                    GENERIC.GENERIC_STATUS_TIMEOUT,
+                    exception=f"Sandbox idle for {sb.idle_timeout_secs}s",
+                )
 
     async def _watch_entrypoint(self, sb: SandboxState, proc: LocalProcess) -> None:
         await proc.wait()

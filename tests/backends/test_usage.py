@@ -1,0 +1,145 @@
+"""What each command cost and why it ended: ``ExecResult.usage``, ``end_reason`` and ``signal``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from hermes_env_core import EndReason, Usage
+from hermes_env_core.backends.local import LocalEnvironment
+
+BURN = (
+    f"{sys.executable} -c \"b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])\n"
+    "import time; t = time.process_time()\nwhile time.process_time() - t < 0.6: pass\""
+)
+
+
+@pytest.fixture
+def local() -> Iterator[LocalEnvironment]:
+    with LocalEnvironment(timeout=60) as env:
+        yield env
+
+
+def test_local_usage_covers_the_commands_tree(local: LocalEnvironment) -> None:
+    r = local.execute(f"{BURN}; echo done")  # the python child, waited for by bash
+    assert r.exit_code == 0 and r.output == "done\n"
+    u = r.usage
+    assert u.cpu_user_s is not None and u.cpu_system_s is not None
+    assert u.cpu_user_s + u.cpu_system_s >= 0.6
+    assert u.max_rss_bytes is not None and u.max_rss_bytes >= 150 * 1024 * 1024
+    assert r.end_reason is EndReason.EXITED and r.signal is None
+
+
+def test_local_usage_is_per_command(local: LocalEnvironment) -> None:
+    local.execute(BURN)
+    r = local.execute("true")
+    assert r.usage.cpu_user_s is not None and r.usage.cpu_user_s + (r.usage.cpu_system_s or 0) < 0.5
+    assert r.usage.max_rss_bytes is not None and r.usage.max_rss_bytes < 100 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("command", "reason", "sig", "code"),
+    [
+        ("exit 3", EndReason.EXITED, None, 3),
+        ("kill -9 $$", EndReason.SIGNALED, 9, 137),  # bash itself
+        ("bash -c 'kill -TERM $$'", EndReason.SIGNALED, 15, 143),  # a child, as bash reports it
+    ],
+)
+def test_end_reasons(local: LocalEnvironment, command: str, reason: EndReason, sig: int | None, code: int) -> None:
+    r = local.execute(command)
+    assert (r.end_reason, r.signal, r.exit_code) == (reason, sig, code)
+
+
+def test_timeout_and_cancel_reasons(local: LocalEnvironment) -> None:
+    import threading
+
+    r = local.execute("sleep 30", timeout=0.5)
+    assert (r.end_reason, r.exit_code, r.timed_out) == (EndReason.TIMED_OUT, 124, True)
+    cancel = threading.Event()
+    cancel.set()
+    r = local.execute("sleep 30", cancel=cancel)
+    assert (r.end_reason, r.exit_code, r.interrupted) == (EndReason.CANCELLED, 130, True)
+    assert str(EndReason.CANCELLED) == "cancelled"
+
+
+def test_usage_merge_prefers_known_fields() -> None:
+    a = Usage(cpu_user_s=1.0, oom_killed=None)
+    b = Usage(cpu_user_s=2.0, cpu_system_s=0.5, oom_killed=True)
+    assert a.merged(b) == Usage(cpu_user_s=1.0, cpu_system_s=0.5, max_rss_bytes=None, oom_killed=True)
+    assert a.merged(None) is a
+
+
+@pytest.mark.docker
+def test_docker_oom_is_137_with_oom_killed_and_its_reason(docker_image: str) -> None:
+    from hermes_env_core.backends.docker import DockerEnvironment
+
+    with DockerEnvironment(image=docker_image, pull="never", timeout=60, memory="64m") as env:
+        r = env.execute("head -c 300m /dev/zero | tail >/dev/null")
+        assert r.exit_code == 137
+        assert r.usage.oom_killed is True
+        assert (r.end_reason, r.signal) == (EndReason.OOM_KILLED, 9)
+        r = env.execute("sleep 30 & kill -9 $!; wait $!")  # 137, but not the OOM killer
+        assert r.exit_code == 137 and r.usage.oom_killed is False
+        assert (r.end_reason, r.signal) == (EndReason.SIGNALED, 9)
+        r = env.execute("true")
+        assert r.end_reason is EndReason.EXITED
+
+
+def test_cli_run_stats_prints_the_cost_on_stderr() -> None:
+    import os
+    import re
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERMINAL_")}
+    hermes = os.path.join(os.path.dirname(sys.executable), "hermes-env")
+    r = subprocess.run(
+        [hermes, "run", "--stats", "--", BURN.replace("150", "20") + "; exit 4"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )
+    assert r.returncode == 4 and r.stdout == ""
+    m = re.search(r"\[stats\] exited, exit 4, wall [\d.]+s, cpu user ([\d.]+)s sys ([\d.]+)s, max rss ([\d.]+) MiB", r.stderr)
+    assert m is not None, r.stderr
+    assert float(m[1]) + float(m[2]) >= 0.6 and float(m[3]) >= 20
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        f"{sys.executable} -c 'input(\"name? \")'",
+        "read -r x </dev/tty",
+        "exec 0<&-; read -r x",
+    ],
+)
+def test_a_command_that_wanted_input_fails_fast_with_a_note(local: LocalEnvironment, command: str) -> None:
+    r = local.execute(command, timeout=30)
+    assert not r.timed_out and r.exit_code != 0
+    assert any("wanted input" in n for n in r.notes), (r.output, r.notes)
+
+
+def test_plain_failures_and_given_stdin_get_no_input_note(local: LocalEnvironment) -> None:
+    r = local.execute("echo 'no such thing' >&2; exit 1")
+    assert not any("wanted input" in n for n in r.notes)
+    r = local.execute("read -r x && echo \"got $x\"", stdin="hi\n")
+    assert r.output == "got hi\n" and not r.notes
+
+
+def test_a_read_at_end_of_input_returns_at_once(local: LocalEnvironment) -> None:
+    r = local.execute("read -r x; echo \"status $?\"", timeout=30)
+    assert r.output == "status 1\n" and not r.timed_out
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("Traceback ...\nEOFError: EOF when reading a line\n", "EOFError: EOF when reading a line"),
+        ("sudo: a terminal is required to read the password", "a terminal is required"),
+        ("Do you want to continue? [Y/n] Abort.\n", "[Y/n] Abort."),
+        ("all good\n", None),
+    ],
+)
+def test_wanted_input_signs(text: str, found: str | None) -> None:
+    from hermes_env_core.environment.inputhints import wanted_input
+
+    assert wanted_input(text) == found
