@@ -460,7 +460,10 @@ class ShellSession:
             parts.append(preamble)
         if record_pid:
             pf = shlex.quote(state_file + ".pid")
-            parts.append(f"{{ [ -e {pf} ] || (builtin umask 077; : >|{pf}); builtin printf '%d %s' $$ {pid_token} >|{pf}; }} 2>/dev/null")
+            parts.append(
+                f"{{ [ -e {pf} ] || [ -L {pf} ] || (builtin umask 077; : >|{pf}); "
+                f"[ -f {pf} ] && [ ! -L {pf} ] && builtin printf '%d %s' $$ {pid_token} >|{pf}; }} 2>/dev/null"
+            )
         save_fn = save_function(nonce=nonce, sep=sep, state_dir=self.state_dir, state_file=state_file)
         late = ""
         if snapshot:

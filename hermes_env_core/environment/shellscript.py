@@ -164,8 +164,10 @@ builtin jobs -p; builtin printf '%%s\n' "$__hermes_sep"
 if [ ! -e "$__hermes_d" ] && [ ! -L "$__hermes_d" ]; then
   (builtin umask 077; command mkdir -m 700 -- "$__hermes_d") 2>/dev/null && __hermes_new=recreated
 fi
-[ -e "$__hermes_f" ] || (builtin umask 077; : >|"$__hermes_f") 2>/dev/null
-if [ -d "$__hermes_d" ] && [ -O "$__hermes_d" ] && [ ! -L "$__hermes_d" ] && { __hermes_dump >|"$__hermes_f"; } 2>/dev/null; then
+[ -e "$__hermes_f" ] || [ -L "$__hermes_f" ] || (builtin umask 077; : >|"$__hermes_f") 2>/dev/null
+# Only a regular file of ours: never through a symlink, never into a FIFO.
+if [ -d "$__hermes_d" ] && [ -O "$__hermes_d" ] && [ ! -L "$__hermes_d" ] && [ -f "$__hermes_f" ] && [ ! -L "$__hermes_f" ] \
+  && { __hermes_dump >|"$__hermes_f"; } 2>/dev/null; then
   IFS= builtin read -r -d '' __hermes_s <"$__hermes_f"
 else
   __hermes_s=$(__hermes_dump 2>/dev/null; builtin printf x); __hermes_s=${__hermes_s%%x}
@@ -211,7 +213,7 @@ def epilogue(save_fn: str) -> str:
         "[[ -v __hermes_so ]] || __hermes_so=$__hermes_o; "
         "[[ -v __hermes_l ]] || __hermes_l=; "
         + one_line([save_fn])
-        + "; __hermes_save end"
+        + "; __hermes_save end; builtin exit \"$__hermes_r\""  # the process status is the command's too
     )
 
 
