@@ -20,6 +20,7 @@ from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
+from ..config import memory_bytes
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
 from ._docker_exec import MARKER_VAR, ExecHandle
 from ._tree_script import TREE_DONE, parse_tree_output, tree_script
@@ -98,6 +99,8 @@ class DockerEnvironment(BaseEnvironment):
     stdin_mode: ClassVar[Literal["pipe"]] = "pipe"
     records_pid: ClassVar[bool] = False  # the tree is found by a marker in the exec's environment
     config_model: ClassVar[type[EnvironmentConfig]] = DockerConfig
+    #: What keeps the container after close, for a detached background process (found again by task id).
+    background_options: ClassVar[dict[str, Any]] = {"persistent": True}
 
     def __init__(self, config: DockerConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -122,6 +125,21 @@ class DockerEnvironment(BaseEnvironment):
             raise
 
     # -- public -----------------------------------------------------------------------
+    @classmethod
+    def target_exists(cls, config: DockerConfig) -> bool:
+        """Whether the persistent container of ``config.task_id`` exists, asked without creating anything."""
+        if not (config.persistent and config.task_id):
+            return False
+        docker = _sdk()
+        api, host = _engine(config.docker_host)
+        try:
+            api.inspect_container(reaper.container_name(config.task_id, persistent=True))
+            return True
+        except docker.errors.NotFound:
+            return False
+        except Exception as exc:
+            raise EnvironmentUnavailable(f"docker: cannot reach the Docker engine at {host}: {exc}") from exc
+
     @property
     def container_id(self) -> str | None:
         return self._box["id"]
@@ -254,7 +272,7 @@ class DockerEnvironment(BaseEnvironment):
             path: f"rw,{flags},nosuid,nodev,size={parse_size(size)},mode={'755' if path == '/run' else '1777'}"
             for path, size in cfg.tmpfs.items()
         }
-        memory = parse_size(cfg.memory) if cfg.memory else None
+        memory = memory_bytes(cfg.memory) if cfg.memory else None
         return self._api.create_host_config(
             cap_drop=["ALL"],
             cap_add=list(cfg.cap_add) or None,
@@ -262,7 +280,7 @@ class DockerEnvironment(BaseEnvironment):
             pids_limit=cfg.pids_limit,
             mem_limit=memory,
             memswap_limit=memory,
-            nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
+            nano_cpus=int(cfg.cpu * 1e9) if cfg.cpu else None,
             read_only=cfg.read_only_root,
             tmpfs=tmpfs or None,
             network_mode=cfg.network_mode,
@@ -425,20 +443,22 @@ class DockerEnvironment(BaseEnvironment):
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         if not isinstance(handle, ExecHandle) or getattr(handle, "nonce", None) is None:
             return None
-        return bool(self._tree_exec(handle, "0"))
+        found = self._tree_exec(handle, "0")
+        return None if found is None else bool(found)
 
     def _signal_tree(self, handle: ExecHandle, graceful: bool) -> None:
         """Signal the command's processes inside the container, from a second exec."""
         self._tree_exec(handle, "TERM" if graceful else "KILL")
 
-    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str]:
-        """Run the tree script for ``handle``'s command; the processes it found.
+    def _tree_exec(self, handle: ExecHandle, sig: str) -> set[str] | None:
+        """Run the tree script for ``handle``'s command; the processes it found
+        (None when the script could not run).
 
         They are the processes carrying the exec's marker, plus those an earlier
         call found (a process that cleared its environment but was seen before)."""
         nonce = getattr(handle, "nonce", None)
         if nonce is None:
-            return set()
+            return None
         seen: set[str] = getattr(handle, "seen", set())
         script = tree_script(sig, None, marker=f"{MARKER_VAR}={nonce}", known=seen)
         out = b""
@@ -450,6 +470,8 @@ class DockerEnvironment(BaseEnvironment):
             if TREE_DONE.encode() in out or not out.startswith(b"OCI runtime exec failed"):
                 break
             time.sleep(0.05 * (attempt + 1))  # no pid free for the helper yet
+        if TREE_DONE.encode() not in out:
+            return None
         found = parse_tree_output(out)
         seen |= found
         handle.seen = seen  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -119,6 +120,8 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     """
 
     usage: Usage | None = None
+    #: this process's own peak RSS (bytes) when bash was started
+    spawner_peak = 0
     cgroup: CommandCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
@@ -153,10 +156,14 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         except InterruptedError:
             return
         if pid:
+            # A child starts out with the high-water mark of the process it
+            # was forked from (the kernel keeps it across exec): a figure no
+            # higher than ours then says nothing about the command.
+            peak = ru.ru_maxrss * 1024  # kilobytes on Linux
             self.usage = Usage(
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
-                max_rss_bytes=ru.ru_maxrss * 1024,  # kilobytes on Linux
+                max_rss_bytes=peak if peak > self.spawner_peak else None,
                 oom_killed=None,
             )
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -207,6 +214,8 @@ class LocalEnvironment(BaseEnvironment):
     """Runs commands on this machine."""
 
     name = "local"
+    #: A detached background process needs nothing to outlive close: this machine stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
     state_dir_private = True  # mkdtemp: 0700, random name
@@ -246,6 +255,7 @@ class LocalEnvironment(BaseEnvironment):
             args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
         else:
             args += ["-c", script, "bash"]
+        spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         try:
             proc = _CommandPopen(
                 args,
@@ -265,6 +275,7 @@ class LocalEnvironment(BaseEnvironment):
             if script_r >= 0:
                 os.close(script_r)
         proc.cgroup = cgroup
+        proc.spawner_peak = spawner_peak
         if script_w >= 0:
             feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:

@@ -156,7 +156,8 @@ class BaseEnvironment(abc.ABC):
         """Whether anything of a stopped command still runs (None: cannot tell).
 
         Asked after bash itself exited on SIGTERM, while SIGKILL is pending:
-        False ends the wait early, True or None let SIGKILL follow on time.
+        True waits out the grace before SIGKILL, False skips SIGKILL, None
+        sends it at once.
         """
         return None
 
@@ -592,15 +593,14 @@ class BaseEnvironment(abc.ABC):
         )
 
     def _finish_kill(self, handle: ProcessHandle, wrapped: WrappedCommand, kill_at: float) -> None:
-        """Send the pending SIGKILL on time, unless the whole tree is already gone."""
-        while True:
-            if self._tree_alive(handle, wrapped) is False:
-                return
-            left = kill_at - time.monotonic()
-            if left <= 0:
-                break
+        """Send the pending SIGKILL: at once when the backend cannot tell what is
+        left, at the end of the grace while something is, never once all is gone."""
+        alive = self._tree_alive(handle, wrapped)
+        while alive and (left := kill_at - time.monotonic()) > 0:
             time.sleep(min(left, _POLL_S))
-        self._kill_tree(handle, wrapped, graceful=False)
+            alive = self._tree_alive(handle, wrapped)
+        if alive is not False:
+            self._kill_tree(handle, wrapped, graceful=False)
 
     def _reap(self, handle: ProcessHandle, *, finished: bool) -> int:
         # bash is known to be exiting: a plain wait() blocks in waitpid,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import json
 import logging
@@ -64,10 +65,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"{PROG}: serving backend {backend} at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
     if not args.token_file:
         print(f"{PROG}: bearer token: {token}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         anyio.run(_serve_http, table, sock, host, token, args.max_sessions, args.idle_timeout)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

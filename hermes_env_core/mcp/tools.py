@@ -243,7 +243,7 @@ TOOLS: dict[str, ToolSpec] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str) -> Any:
     import jsonschema
 

@@ -201,7 +201,7 @@ def test_default_hardening_seen_from_inside(make_env, docker_client):
 def test_options_change_the_limits(make_env):
     env = make_env(
         read_only_root=True, tmpfs={"/tmp": "16m"}, tmpfs_noexec=True, cap_add=("CHOWN",),
-        pids_limit=64, memory="128m", cpus=0.5, no_new_privileges=False,
+        pids_limit=64, memory="128m", cpu=0.5, no_new_privileges=False,
     )
     r = env.execute("touch /probe")
     assert r.exit_code != 0 and "Read-only file system" in r.output

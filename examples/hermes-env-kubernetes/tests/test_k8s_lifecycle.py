@@ -16,7 +16,7 @@ def _labels(pod: dict[str, Any]) -> dict[str, str]:
 
 def test_pod_created_on_first_use_with_options_and_deleted_at_close(emu: Any, make_env: Any) -> None:
     env = make_env(
-        task_id="Task_One", cpu="500m", memory="256Mi", ephemeral_storage="1Gi", service_account="agent",
+        task_id="Task_One", cpu=0.5, memory="256m", ephemeral_storage="1Gi", service_account="agent",
         node_selector={"kubernetes.io/os": "linux"}, runtime_class="gvisor", labels={"team": "research"},
         tolerations=({"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"},),
         image_pull_secrets=("regcred",), pod_overlay={"metadata": {"annotations": {"a": "b"}},
@@ -31,8 +31,8 @@ def test_pod_created_on_first_use_with_options_and_deleted_at_close(emu: Any, ma
     assert _labels(pod)["app.kubernetes.io/managed-by"] == "hermes-env"
     assert _labels(pod)["hermes-env/task"] == "Task_One" and _labels(pod)["team"] == "research"
     assert _labels(pod)["hermes-env/owner-pid"] == str(os.getpid())
-    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "1Gi"},
-                              "limits": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "1Gi"}}
+    assert c["resources"] == {"requests": {"cpu": "0.5", "memory": "268435456", "ephemeral-storage": "1Gi"},
+                              "limits": {"cpu": "0.5", "memory": "268435456", "ephemeral-storage": "1Gi"}}
     assert spec["serviceAccountName"] == "agent" and spec["runtimeClassName"] == "gvisor"
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert spec["tolerations"][0]["value"] == "agents" and spec["imagePullSecrets"] == [{"name": "regcred"}]

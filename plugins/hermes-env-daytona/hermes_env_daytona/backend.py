@@ -25,7 +25,7 @@ from hermes_env_core.errors import BackendError, EnvironmentClosedError, Environ
 from . import _sdk
 from ._commands import ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line
 from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
-from .config import DaytonaConfig
+from .config import DaytonaConfig, memory_gib
 
 if TYPE_CHECKING:
     from hermes_env_core.sync import PullResult, PushResult, SyncEngine
@@ -95,7 +95,7 @@ class DaytonaEnvironment(BaseEnvironment):
                 SyncMapping(host=m.host, remote=m.remote, include=m.include, exclude=m.exclude, upload_only=m.upload_only)
                 for m in cfg.sync
             ]
-            self._sync = SyncEngine(DaytonaSyncTransport(self), mappings, interval=cfg.sync_interval)
+            self._sync = SyncEngine(DaytonaSyncTransport(self), mappings, interval=cfg.sync_interval_s)
 
     # -- requirements and the client -----------------------------------------------
     @classmethod
@@ -142,7 +142,7 @@ class DaytonaEnvironment(BaseEnvironment):
         out = []
         for what, value, cap, unit in (
             ("cpu", cfg.cpu, cfg.max_cpu, ""),
-            ("memory", cfg.memory, cfg.max_memory, " GiB"),
+            ("memory", memory_gib(cfg.memory) if cfg.memory is not None else None, cfg.max_memory, " GiB"),
             ("disk", cfg.disk, cfg.max_disk, " GiB"),
         ):
             if value is not None and value > cap:
@@ -613,7 +613,7 @@ class DaytonaEnvironment(BaseEnvironment):
     # -- the end ------------------------------------------------------------------------
     def cleanup(self) -> None:
         sb, errors = self._sandbox, []
-        if sb is not None and self._sync is not None and self._cfg.pull_on_cleanup:
+        if sb is not None and self._sync is not None and self._cfg.pull_on_close:
             try:
                 self._sync.pull()
             except HermesEnvError as exc:

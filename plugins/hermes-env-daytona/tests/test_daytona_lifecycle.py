@@ -38,7 +38,7 @@ def test_sandbox_name_option(emu, make_env):
 
 
 def test_image_and_capped_resources(emu, make_env):
-    env = make_env(image="python:3.12-slim", cpu=16, memory=2, disk=50)
+    env = make_env(image="python:3.12-slim", cpu=16, memory="2g", disk=50)
     r = env.execute("true")
     record = _only(emu)
     assert "FROM python:3.12-slim" in record.dockerfile

@@ -105,6 +105,15 @@ def gateway():
         assert not gw.errors, gw.errors
 
 
+@pytest.fixture(scope="module")
+def realistic_gateway():
+    """The gateway emulator with a 20 ms round trip on every request."""
+    mod = load_gateway_emulator()
+    with mod.GatewayEmulator(latency=0.02) as gw:
+        yield gw
+        assert not gw.errors, gw.errors
+
+
 @pytest.fixture
 def fresh_gateway():
     mod = load_gateway_emulator()
