@@ -11,9 +11,11 @@ import posixpath
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.result import Usage
@@ -22,7 +24,7 @@ from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
 from ..config import memory_bytes
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
-from ._docker_exec import MARKER_VAR, ExecHandle
+from ._docker_exec import MARKER_VAR, ExecHandle, ExecStream
 from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 __all__ = ["DEFAULT_CAPABILITIES", "DockerConfig", "DockerEnvironment", "parse_size", "reap_orphans"]
@@ -432,6 +434,20 @@ class DockerEnvironment(BaseEnvironment):
         if code != 0:
             raise BackendError(f"docker: cannot write the command script to {path}: {out.decode(errors='replace').strip()}")
         return self._start([*argv, "-c", _SOURCE_FILE, "bash", path], stdin_data, env=env, nonce=nonce)
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # One exec with stdin attached; _exec_create brings a lost container back (with a note).
+        exec_id = self._exec_create(list(argv), stdin=True, env=self._exec_env)
+        try:
+            return ExecStream(self._api.exec_start(exec_id, socket=True))
+        except Exception as exc:
+            raise self._error("open a channel", exc) from exc
+
+    def _channel_command_exited(self, handle: Any, code: int) -> None:
+        cpu = handle.usage  # what the server measured; the engine adds whether the OOM killer struck
+        self._after_exec(handle, code)
+        if handle.usage is not cpu and cpu is not None:
+            handle.usage = handle.usage.merged(cpu)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if isinstance(handle, ExecHandle):

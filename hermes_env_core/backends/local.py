@@ -18,15 +18,16 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
-from ..environment.options import EnvironmentConfig
+from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
@@ -98,6 +99,12 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    # Here a new process is as cheap as the channel's fork in the server, and
+    # it reports peak memory: the resident channel is opt-in.
+    channel: bool = Field(
+        default_factory=lambda: channel_default(False),
+        description="Run commands through a resident bash child (default off on local; HERMES_ENV_CHANNEL=1 sets it).",
+    )
 
     @field_validator("env")
     @classmethod
@@ -283,6 +290,32 @@ class LocalEnvironment(BaseEnvironment):
         if stdin_data is not None:
             feed_stdin(proc.stdin, stdin_data)
         return proc
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # The resident bash: a child of this process in its own session, like every command.
+        try:
+            proc = subprocess.Popen(
+                [self._bash, *argv[1:]],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+                cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
+            )
+        except OSError as exc:
+            raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
+        assert proc.stdin is not None and proc.stdout is not None
+        _widen_pipe(proc.stdout.fileno())
+
+        def stop() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+
+        return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if graceful:
