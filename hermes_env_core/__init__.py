@@ -12,8 +12,11 @@ from importlib.metadata import version as _version
 from .config import (
     ConfigFile,
     ConfigValue,
+    IgnoredSetting,
+    MemorySize,
     ResolvedConfig,
     load_config_file,
+    memory_bytes,
     resolve_config,
 )
 from .environment import (
@@ -43,6 +46,7 @@ from .errors import (
     SyncError,
     UnsafeArchiveError,
     UnsupportedOperation,
+    UsageError,
 )
 from .factory import EnvironmentFactory, EnvironmentPool, create_environment
 from .plugins import (
@@ -84,6 +88,8 @@ __all__ = [
     "ExecResult",
     "Usage",
     "HermesEnvError",
+    "IgnoredSetting",
+    "MemorySize",
     "PluginInfo",
     "PluginLoadError",
     "PluginLoadWarning",
@@ -94,11 +100,13 @@ __all__ = [
     "ThreadedProcessHandle",
     "UnsafeArchiveError",
     "UnsupportedOperation",
+    "UsageError",
     "__version__",
     "create_environment",
     "get_registry",
     "hookimpl",
     "hookspec",
     "load_config_file",
+    "memory_bytes",
     "resolve_config",
 ]

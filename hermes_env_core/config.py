@@ -19,7 +19,19 @@ backend (``TERMINAL_TIMEOUT=30``); lists, tuples, dicts and models are JSON
 (``TERMINAL_ENV_PASSTHROUGH='["MY_*"]'``); ``null`` sets a field that allows it
 to None. In ``[terminal]`` and as ``TERMINAL_ENV``, ``env`` means the backend;
 the ``env`` option (variables for commands) is set in ``[terminal.<backend>]``
-or as an argument. An unknown key is an error naming the key and its source.
+or as an argument.
+
+Strictness follows who wrote the value. An unknown key passed as an argument
+or written in the selected backend's own table (``[terminal.<backend>]``) is an
+error naming the key and its source. A ``TERMINAL_*`` variable or a key of the
+shared ``[terminal]`` table that is not an option of the selected backend is
+ignored: the environment and a shared file serve every backend (``TERMINAL_IMAGE``
+means nothing to ``local``). ``ResolvedConfig.ignored`` lists each one with the
+reason, and ``hermes-env config`` shows them.
+
+Options that several backends have share one name and unit: ``cpu`` (cores),
+``memory`` (a size string such as ``"2g"`` or ``"512m"``, see ``MemorySize``),
+``start_timeout`` (seconds), ``sync_interval_s``, ``pull_on_close``.
 """
 
 from __future__ import annotations
@@ -28,15 +40,16 @@ import collections.abc
 import difflib
 import json
 import os
+import re
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from .errors import BackendNotFoundError, ConfigError
 
@@ -51,7 +64,10 @@ __all__ = [
     "FIELD_ENV_PREFIX",
     "ConfigFile",
     "ConfigValue",
+    "IgnoredSetting",
+    "MemorySize",
     "ResolvedConfig",
+    "memory_bytes",
     "load_config_file",
     "parse_option_string",
     "resolve_backend_name",
@@ -92,6 +108,15 @@ class ConfigValue:
 
 
 @dataclass(frozen=True)
+class IgnoredSetting:
+    """A value that was set but does not apply to the selected backend, and why."""
+
+    key: str
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ResolvedConfig:
     """The outcome of resolution: the backend, its validated options, and where each came from."""
 
@@ -100,6 +125,7 @@ class ResolvedConfig:
     config: BaseModel
     values: Mapping[str, ConfigValue]
     config_file: str | None = None
+    ignored: tuple[IgnoredSetting, ...] = ()
 
     def source_of(self, name: str) -> str:
         return self.values[name].source
@@ -193,6 +219,7 @@ def resolve_config(
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    ignored: list[IgnoredSetting] = []
 
     def put(key: str, value: Any, source: str) -> None:
         if key not in fields:
@@ -211,6 +238,10 @@ def resolve_config(
                 continue
             if isinstance(value, dict) and key not in fields:
                 raise ConfigError(_unknown_table(key, file.path, registry))
+            if key not in fields:
+                reason = _not_an_option(key, backend, fields)
+                ignored.append(IgnoredSetting(key, f"{file.path} [{TABLE}]", reason))
+                continue
             put(key, value, f"{file.path} [{TABLE}]")
         own = [k for k in tables if _canonical_or_none(k, registry) == backend]
         for key in sorted(own, key=lambda k: k == backend):  # alias tables first, so the name's wins
@@ -224,7 +255,8 @@ def resolve_config(
         key = var[len(FIELD_ENV_PREFIX) :].lower()
         source = f"environment variable {var}"
         if key not in fields:
-            raise ConfigError(_unknown_key(key, source, backend, fields))
+            ignored.append(IgnoredSetting(key, source, _not_an_option(key, backend, fields)))
+            continue
         put(key, parse_option_string(model, key, env[var], source), source)
 
     # 3. explicit arguments
@@ -248,7 +280,42 @@ def resolve_config(
         config=config,
         values=types.MappingProxyType(effective),
         config_file=file.path if file is not None else None,
+        ignored=tuple(ignored),
     )
+
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([bkmgt])(?:i?b)?$", re.IGNORECASE)
+_SIZE_SCALE = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _memory_size(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f'a memory size is a string with a unit, such as "2g" or "512m"; got {value!r}')
+    m = _SIZE_RE.match(value.strip())
+    if m is None:
+        raise ValueError(
+            f'not a memory size: {value!r} (a number and a unit b, k, m, g or t, such as "2g" or "512m")'
+        )
+    number = m.group(1)
+    if "." in number:
+        number = number.rstrip("0").rstrip(".")
+    if float(number) <= 0:
+        raise ValueError(f"a memory size must be positive, got {value!r}")
+    return f"{number}{m.group(2).lower()}"
+
+
+#: A memory size as every backend spells it: ``"512m"``, ``"2g"``, ``"1.5g"`` (binary units; b, k, m, g, t;
+#: ``"2G"``, ``"2GiB"`` and ``"2gb"`` are read as ``"2g"``). Convert with ``memory_bytes()``.
+MemorySize = Annotated[str, BeforeValidator(_memory_size)]
+
+
+def memory_bytes(size: str) -> int:
+    """Bytes in a ``MemorySize`` string (``"512m"`` -> 536870912)."""
+    m = _SIZE_RE.match(str(_memory_size(size)))
+    assert m is not None
+    return int(float(m.group(1)) * _SIZE_SCALE[m.group(2).lower()])
 
 
 def parse_option_string(model: type[BaseModel], key: str, raw: str, source: str) -> Any:
@@ -321,6 +388,12 @@ def _unknown_key(key: str, source: str, backend: str, fields: Mapping[str, Any])
     hint = f"; did you mean {close[0]!r}?" if close else "."
     known = ", ".join(sorted(fields))
     return f"unknown option {key!r} for backend {backend!r} (from {source}){hint} Known options: {known}."
+
+
+def _not_an_option(key: str, backend: str, fields: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"not an option of backend {backend!r}{hint}"
 
 
 def _unknown_table(key: str, path: str, registry: BackendRegistry) -> str:

@@ -19,6 +19,7 @@ __all__ = [
     "SyncError",
     "UnsafeArchiveError",
     "UnsupportedOperation",
+    "UsageError",
 ]
 
 
@@ -34,12 +35,20 @@ class BackendError(EnvironmentUnavailable):
     """The backend failed while a command was running (never a fake exit code)."""
 
 
+class TargetLostError(EnvironmentUnavailable):
+    """The target went away (container removed, sandbox ended): a ``Target`` raises it from ``start``."""
+
+
 class EnvironmentClosedError(EnvironmentUnavailable):
     """``execute()`` was called after ``cleanup()``."""
 
 
 class ConfigError(HermesEnvError, ValueError):
     """A configuration value is missing, unknown or invalid."""
+
+
+class UsageError(HermesEnvError, ValueError):
+    """A request that cannot be carried out as given: no command, an unknown process id."""
 
 
 class BackendNotFoundError(HermesEnvError, LookupError):

@@ -14,11 +14,11 @@ import subprocess
 import sys
 import time
 
-import importlib_metadata
+import importlib.metadata as importlib_metadata
 import pytest
 
 from hermes_env_core import BackendRegistry, BackendSpec, hookimpl
-from hermes_env_core import cli as cli_module
+from hermes_env_core.cli import info as cli_module
 from hermes_env_core import factory as factory_module
 from hermes_env_core.backends.local import LocalEnvironment
 from hermes_env_core.cli import main
@@ -41,9 +41,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: The console script pip installed next to this interpreter: what a user runs.
+HERMES_ENV = os.path.join(os.path.dirname(sys.executable), "hermes-env")
+
+
 def cli(*args: str, input: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hermes_env_core.cli", *args],
+        [HERMES_ENV, *args],
         input=input,
         capture_output=True,
         text=True,
@@ -196,7 +200,7 @@ def test_errors_in_a_subprocess_have_no_traceback():
 
 
 def test_a_bad_config_file_is_a_one_line_error(tmp_path):
-    (tmp_path / "hermes-env.toml").write_text("[terminal]\ntimeot = 1\n")
+    (tmp_path / "hermes-env.toml").write_text("[terminal.local]\ntimeot = 1\n")
     proc = cli("run", "true")
     assert proc.returncode == 2 and "timeot" in proc.stderr and str(tmp_path / "hermes-env.toml") in proc.stderr
 
@@ -258,7 +262,7 @@ def test_shell_in_a_terminal_ctrl_c_cancels_the_command_not_the_shell(tmp_path):
     # Everything the child needs is computed before fork: this process has
     # threads, and the child may only call async-signal-safe functions.
     argv = [sys.executable, "-m", "hermes_env_core.cli", "shell"]
-    env = clean_env(TERM="dumb", INPUTRC="/dev/null")
+    env = clean_env(TERM="dumb", INPUTRC="/dev/null", XDG_STATE_HOME=str(tmp_path))
     where = str(tmp_path)
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI with the pty as its controlling terminal

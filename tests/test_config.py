@@ -19,7 +19,9 @@ from hermes_env_core import (
     ConfigError,
     EnvironmentConfig,
     hookimpl,
+    MemorySize,
     load_config_file,
+    memory_bytes,
     resolve_config,
 )
 from hermes_env_core.plugins import builtin
@@ -262,21 +264,53 @@ def test_an_invalid_value_names_the_option_backend_and_variable():
         resolve(environ={"TERMINAL_TIMEOUT": "-1"})
 
 
-def test_an_unknown_terminal_variable_is_rejected_by_name():
-    with pytest.raises(ConfigError) as info:
-        resolve(environ={"TERMINAL_TIMOUT": "3"})
-    message = str(info.value)
-    assert "unknown option 'timout'" in message and "environment variable TERMINAL_TIMOUT" in message
-    assert "did you mean 'timeout'?" in message
+def test_an_unknown_terminal_variable_is_ignored_and_reported_with_a_suggestion():
+    resolved = resolve(environ={"TERMINAL_TIMOUT": "3"})
+    assert resolved.backend == "local" and resolved.values["timeout"].source == "default"
+    [ignored] = resolved.ignored
+    assert (ignored.key, ignored.source) == ("timout", "environment variable TERMINAL_TIMOUT")
+    assert ignored.reason == "not an option of backend 'local'; did you mean 'timeout'?"
 
 
 def test_variables_other_programs_set_are_not_options():
-    assert resolve(environ={"TERMINAL_EMULATOR": "JetBrains-JediTerm"}).backend == "local"
+    resolved = resolve(environ={"TERMINAL_EMULATOR": "JetBrains-JediTerm"})
+    assert resolved.backend == "local" and resolved.ignored == ()
 
 
-def test_an_option_of_another_backend_is_unknown_here():
-    with pytest.raises(ConfigError, match="unknown option 'port' for backend 'local'"):
-        resolve(environ={"TERMINAL_PORT": "22"})
+@settings(max_examples=40, deadline=None)
+@given(
+    names=st.lists(
+        st.text(st.characters(whitelist_categories=("Lu", "Nd"), whitelist_characters="_"), min_size=1, max_size=12),
+        max_size=5,
+    ),
+    value=env_text,
+)
+def test_any_terminal_variable_that_is_not_an_option_is_ignored_never_an_error(names, value):
+    fields = set(EnvironmentConfig.model_fields) | {"env"}
+    environ = {f"TERMINAL_{n}": value for n in names if n.lower() not in fields}
+    resolved = resolve(environ=environ)
+    assert resolved.backend == "local"
+    assert {i.source for i in resolved.ignored} == {f"environment variable {v}" for v in environ}
+    assert all(i.reason.startswith("not an option of backend 'local'") for i in resolved.ignored)
+
+
+def test_an_option_of_another_backend_is_ignored_here_and_applies_there():
+    environ = {"TERMINAL_PORT": "2222", "TERMINAL_IMAGE": "python:3.12"}
+    resolved = resolve(environ=environ)
+    assert {i.key for i in resolved.ignored} == {"port", "image"}
+    rich = resolve("rich", {"host": "h"}, environ=environ)
+    assert rich.config.port == 2222 and [i.key for i in rich.ignored] == ["image"]
+
+
+def test_a_shared_terminal_key_that_is_not_an_option_is_ignored_but_the_backend_table_is_strict(toml):
+    path = toml('[terminal]\ntimeout = 5\nimage = "python:3.12"\n[terminal.local]\ncolour = "blue"\n')
+    with pytest.raises(ConfigError, match=r"unknown option 'colour' for backend 'local' \(from .*\[terminal.local\]\)"):
+        resolve(file=path)
+    path = toml('[terminal]\ntimeout = 5\nimage = "python:3.12"\n')
+    resolved = resolve(file=path)
+    assert resolved.config.timeout == 5
+    [ignored] = resolved.ignored
+    assert (ignored.key, ignored.source) == ("image", f"{path} [terminal]")
 
 
 def test_an_unknown_argument_is_rejected_by_name():
@@ -339,15 +373,17 @@ def test_invalid_toml_names_the_file(toml):
     assert path in str(info.value) and "not valid TOML" in str(info.value)
 
 
-def test_unknown_keys_in_the_file_name_the_key_the_table_and_the_file(toml):
-    path = toml("[terminal]\ntimeot = 3\n")
-    with pytest.raises(ConfigError) as info:
-        resolve(file=path)
-    assert f"unknown option 'timeot' for backend 'local' (from {path} [terminal])" in str(info.value)
+def test_unknown_keys_in_the_backend_table_name_the_key_the_table_and_the_file(toml):
     path = toml('[terminal]\nenv = "rich"\n[terminal.rich]\nhost = "h"\nprot = 1\n')
     with pytest.raises(ConfigError) as info:
         resolve(file=path)
-    assert f"(from {path} [terminal.rich]); did you mean 'port'?" in str(info.value)
+    assert f"unknown option 'prot' for backend 'rich' (from {path} [terminal.rich]); did you mean 'port'?" in str(
+        info.value
+    )
+    resolved = resolve(file=toml("[terminal]\ntimeot = 3\n"))
+    assert [(i.key, i.reason) for i in resolved.ignored] == [
+        ("timeot", "not an option of backend 'local'; did you mean 'timeout'?")
+    ]
 
 
 def test_a_misspelt_backend_table_is_rejected_with_a_suggestion(toml):
@@ -392,3 +428,48 @@ def test_an_invalid_file_value_names_the_file(toml):
     path = toml('[terminal]\nenv = "rich"\n[terminal.rich]\nhost = "h"\nport = "many"\n')
     with pytest.raises(ConfigError, match=f"port for backend 'rich' from {path} \\[terminal.rich\\]"):
         resolve(file=path)
+
+
+# -- option names and units shared by backends ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, canonical, size",
+    [("2g", "2g", 2 << 30), ("512m", "512m", 512 << 20), ("2G", "2g", 2 << 30), ("1.5GiB", "1.5g", 3 << 29),
+     (" 64 MB ", "64m", 64 << 20), ("4096k", "4096k", 4 << 20), ("100b", "100b", 100), ("1.50t", "1.5t", 3 << 39)],
+)
+def test_memory_sizes_are_read_in_one_spelling(text, canonical, size):
+    config = MemoryProbe(memory=text)
+    assert config.memory == canonical and memory_bytes(config.memory) == size
+
+
+@pytest.mark.parametrize("bad", [2048, "2048", "lots", "2 gigs", "-1g", "0m", True])
+def test_a_memory_size_without_a_unit_is_an_error_naming_the_value(bad):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        MemoryProbe(memory=bad)
+    assert repr(bad) in str(info.value) and "memory" in str(info.value)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 10**6), st.sampled_from("kmgKMG"))
+def test_memory_sizes_round_trip(number, unit):
+    config = MemoryProbe(memory=f"{number}{unit}")
+    assert memory_bytes(config.memory) == number * {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit.lower()]
+
+
+def test_core_backends_share_option_names_and_units():
+    from hermes_env_core.backends.docker import DockerConfig
+    from hermes_env_core.backends.ssh import SSHConfig
+
+    assert "cpu" in DockerConfig.model_fields and "cpus" not in DockerConfig.model_fields
+    assert DockerConfig.model_fields["memory"].metadata == MemoryProbe.model_fields["memory"].metadata
+    assert {"sync_interval_s", "pull_on_close"} <= set(SSHConfig.model_fields)
+    from hermes_env_core.backends.ssh import SSHEnvironment
+
+    assert hasattr(SSHEnvironment, "pull_files") and not hasattr(SSHEnvironment, "pull_back")
+
+
+class MemoryProbe(EnvironmentConfig):
+    memory: MemorySize | None = None

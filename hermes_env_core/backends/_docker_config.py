@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..config import MemorySize, memory_bytes
 from ..environment.options import EnvironmentConfig
 
 __all__ = ["DEFAULT_CAPABILITIES", "DockerConfig", "parse_size"]
@@ -43,8 +44,8 @@ class DockerConfig(EnvironmentConfig):
     pull: Literal["missing", "never", "always"] = Field("missing", description="When to pull the image.")
     user: str | None = Field(None, description="User (name or uid[:gid]) commands run as; default the image's.")
     network_mode: str = Field("none", description="'none' (default), 'bridge', 'host' or a network name.")
-    cpus: float | None = Field(None, gt=0, description="CPU limit in cores.")
-    memory: str | None = Field("4g", description="Memory limit (no swap beyond it); None for none.")
+    cpu: float | None = Field(None, gt=0, description="CPU limit in cores.")
+    memory: MemorySize | None = Field("4g", description="Memory limit such as '2g' or '512m' (no swap beyond it); None for none.")
     pids_limit: int | None = Field(512, ge=8, description="Most processes at once; None for no limit.")
     read_only_root: bool = Field(False, description="Mount the image's filesystem read-only.")
     tmpfs: dict[str, str] = Field(
@@ -79,7 +80,7 @@ class DockerConfig(EnvironmentConfig):
     @field_validator("memory")
     @classmethod
     def _check_memory(cls, v: str | None) -> str | None:
-        if v is not None and parse_size(v) < 6 * (1 << 20):
+        if v is not None and memory_bytes(v) < 6 * (1 << 20):
             raise ValueError("memory must be at least 6m (docker's minimum)")
         return v
 

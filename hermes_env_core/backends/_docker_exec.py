@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from ..errors import BackendError
 
-__all__ = ["MARKER_VAR", "ExecHandle"]
+__all__ = ["MARKER_VAR", "ExecHandle", "ExecStream"]
 
 #: Exec environment variable naming the command, so its bash can be found
 #: in the container's /proc; the ``__hermes_`` prefix keeps it out of the
@@ -51,6 +51,73 @@ def open_stream(api: Any, exec_id: str) -> tuple[IO[bytes], socket.socket | None
     else:
         sock = None
     return reader, sock, resp
+
+
+class ExecStream:
+    """An exec's attach socket as a resident channel's stream: stdin written
+    raw, stdout read demultiplexed (stderr dropped).
+
+    ``conn`` is what the SDK's public ``exec_start(..., socket=True)`` returns:
+    a socket, or a read-only socket file whose descriptor we duplicate to
+    write. Nothing is read before we write, so no byte waits in the SDK's
+    HTTP buffer.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        if hasattr(conn, "sendall") and hasattr(conn, "recv"):
+            self._sock = conn
+        else:
+            self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._sock.settimeout(None)
+        self._kind = 0
+        self._left = 0
+        self._closed = False
+
+    def _recv_exact(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self._sock.recv(n - len(out))
+            if not chunk:
+                return b""
+            out += chunk
+        return out
+
+    def read(self, n: int) -> bytes:
+        try:
+            while True:
+                if self._left:
+                    data = self._sock.recv(min(n, self._left))
+                    if not data:
+                        return b""
+                    self._left -= len(data)
+                    if self._kind == 1:
+                        return data
+                    continue
+                head = self._recv_exact(8)
+                if not head:
+                    return b""
+                self._kind, self._left = head[0], int.from_bytes(head[4:8], "big")
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for obj in (self._sock, self._conn):
+            try:
+                if obj is self._sock:
+                    obj.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 class ExecHandle:

@@ -40,8 +40,16 @@ IN_USE: set[str] = set()
 _IN_USE_LOCK = threading.Lock()
 
 # A command's wrapper rewrites its state file in /tmp every time, so the
-# newest mtime there is the last use (an exec that prints epoch seconds).
-_LAST_USE_CMD = ["sh", "-c", "stat -c %Y /tmp/.hermes-*.state 2>/dev/null || true"]
+# newest mtime there is the last use (an exec that prints epoch seconds); a
+# background process that still runs (a pid file, no exit file, its pid
+# alive) makes the container in use now, however quiet it is.
+_LAST_USE_CMD = [
+    "sh",
+    "-c",
+    "for f in /tmp/hermes-env-bg-*/*/pid; do [ -f \"$f\" ] || continue; d=${f%/pid}; "
+    "[ -s \"$d/exit\" ] && continue; read -r p _ <\"$f\" && [ -d \"/proc/$p\" ] && date +%s; done; "
+    "stat -c %Y /tmp/.hermes-*.state 2>/dev/null || true",
+]
 
 _reaped: set[str] = set()
 _reaped_lock = threading.Lock()

@@ -11,17 +11,20 @@ import posixpath
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import BackendError, EnvironmentUnavailable
 from . import _docker_reaper as reaper
+from ..config import memory_bytes
 from ._docker_config import DEFAULT_CAPABILITIES, DockerConfig, parse_size
-from ._docker_exec import MARKER_VAR, ExecHandle
+from ._docker_exec import MARKER_VAR, ExecHandle, ExecStream
 from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 __all__ = ["DEFAULT_CAPABILITIES", "DockerConfig", "DockerEnvironment", "parse_size", "reap_orphans"]
@@ -98,6 +101,8 @@ class DockerEnvironment(BaseEnvironment):
     stdin_mode: ClassVar[Literal["pipe"]] = "pipe"
     records_pid: ClassVar[bool] = False  # the tree is found by a marker in the exec's environment
     config_model: ClassVar[type[EnvironmentConfig]] = DockerConfig
+    #: What keeps the container after close, for a detached background process (found again by task id).
+    background_options: ClassVar[dict[str, Any]] = {"persistent": True}
 
     def __init__(self, config: DockerConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -122,6 +127,21 @@ class DockerEnvironment(BaseEnvironment):
             raise
 
     # -- public -----------------------------------------------------------------------
+    @classmethod
+    def target_exists(cls, config: DockerConfig) -> bool:
+        """Whether the persistent container of ``config.task_id`` exists, asked without creating anything."""
+        if not (config.persistent and config.task_id):
+            return False
+        docker = _sdk()
+        api, host = _engine(config.docker_host)
+        try:
+            api.inspect_container(reaper.container_name(config.task_id, persistent=True))
+            return True
+        except docker.errors.NotFound:
+            return False
+        except Exception as exc:
+            raise EnvironmentUnavailable(f"docker: cannot reach the Docker engine at {host}: {exc}") from exc
+
     @property
     def container_id(self) -> str | None:
         return self._box["id"]
@@ -254,7 +274,7 @@ class DockerEnvironment(BaseEnvironment):
             path: f"rw,{flags},nosuid,nodev,size={parse_size(size)},mode={'755' if path == '/run' else '1777'}"
             for path, size in cfg.tmpfs.items()
         }
-        memory = parse_size(cfg.memory) if cfg.memory else None
+        memory = memory_bytes(cfg.memory) if cfg.memory else None
         return self._api.create_host_config(
             cap_drop=["ALL"],
             cap_add=list(cfg.cap_add) or None,
@@ -262,7 +282,7 @@ class DockerEnvironment(BaseEnvironment):
             pids_limit=cfg.pids_limit,
             mem_limit=memory,
             memswap_limit=memory,
-            nano_cpus=int(cfg.cpus * 1e9) if cfg.cpus else None,
+            nano_cpus=int(cfg.cpu * 1e9) if cfg.cpu else None,
             read_only=cfg.read_only_root,
             tmpfs=tmpfs or None,
             network_mode=cfg.network_mode,
@@ -414,6 +434,20 @@ class DockerEnvironment(BaseEnvironment):
         if code != 0:
             raise BackendError(f"docker: cannot write the command script to {path}: {out.decode(errors='replace').strip()}")
         return self._start([*argv, "-c", _SOURCE_FILE, "bash", path], stdin_data, env=env, nonce=nonce)
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # One exec with stdin attached; _exec_create brings a lost container back (with a note).
+        exec_id = self._exec_create(list(argv), stdin=True, env=self._exec_env)
+        try:
+            return ExecStream(self._api.exec_start(exec_id, socket=True))
+        except Exception as exc:
+            raise self._error("open a channel", exc) from exc
+
+    def _channel_command_exited(self, handle: Any, code: int) -> None:
+        cpu = handle.usage  # what the server measured; the engine adds whether the OOM killer struck
+        self._after_exec(handle, code)
+        if handle.usage is not cpu and cpu is not None:
+            handle.usage = handle.usage.merged(cpu)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if isinstance(handle, ExecHandle):

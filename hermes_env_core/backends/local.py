@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -17,15 +18,16 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
-from ..environment.options import EnvironmentConfig
+from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..errors import EnvironmentUnavailable
@@ -98,6 +100,12 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    # Here a new process is as cheap as the channel's fork in the server, and
+    # it reports peak memory: the resident channel is opt-in.
+    channel: bool = Field(
+        default_factory=lambda: channel_default(False),
+        description="Run commands through a resident bash child (default off on local; HERMES_ENV_CHANNEL=1 sets it).",
+    )
 
     @field_validator("env")
     @classmethod
@@ -120,6 +128,8 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     """
 
     usage: Usage | None = None
+    #: this process's own peak RSS (bytes) when bash was started
+    spawner_peak = 0
     cgroup: CommandCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
@@ -154,10 +164,14 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         except InterruptedError:
             return
         if pid:
+            # A child starts out with the high-water mark of the process it
+            # was forked from (the kernel keeps it across exec): a figure no
+            # higher than ours then says nothing about the command.
+            peak = ru.ru_maxrss * 1024  # kilobytes on Linux
             self.usage = Usage(
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
-                max_rss_bytes=ru.ru_maxrss * 1024,  # kilobytes on Linux
+                max_rss_bytes=peak if peak > self.spawner_peak else None,
                 oom_killed=None,
             )
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -208,6 +222,8 @@ class LocalEnvironment(BaseEnvironment):
     """Runs commands on this machine."""
 
     name = "local"
+    #: A detached background process needs nothing to outlive close: this machine stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
     config_model = LocalConfig
@@ -246,6 +262,7 @@ class LocalEnvironment(BaseEnvironment):
             args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
         else:
             args += ["-c", script, "bash"]
+        spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         try:
             proc = _CommandPopen(
                 args,
@@ -265,6 +282,7 @@ class LocalEnvironment(BaseEnvironment):
             if script_r >= 0:
                 os.close(script_r)
         proc.cgroup = cgroup
+        proc.spawner_peak = spawner_peak
         if script_w >= 0:
             feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
         if proc.stdout is not None:
@@ -272,6 +290,32 @@ class LocalEnvironment(BaseEnvironment):
         if stdin_data is not None:
             feed_stdin(proc.stdin, stdin_data)
         return proc
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # The resident bash: a child of this process in its own session, like every command.
+        try:
+            proc = subprocess.Popen(
+                [self._bash, *argv[1:]],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+                cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
+            )
+        except OSError as exc:
+            raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
+        assert proc.stdin is not None and proc.stdout is not None
+        _widen_pipe(proc.stdout.fileno())
+
+        def stop() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+
+        return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if graceful:

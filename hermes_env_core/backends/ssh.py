@@ -86,6 +86,7 @@ class SSHConfig(EnvironmentConfig):
         (), description="Host paths pushed before each command and pulled back at close (hermes_env_core.sync)."
     )
     sync_interval_s: float = Field(5.0, ge=0, description="Least time between two pushes (HERMES_ENV_FORCE_SYNC=1 skips it).")
+    pull_on_close: bool = Field(True, description="Bring the target's changes to synced paths back at close.")
 
 
 def _host_label(host: str, port: int) -> str:
@@ -97,6 +98,8 @@ class SSHEnvironment(BaseEnvironment):
     """Runs commands on a remote host; every command is a channel of one Transport."""
 
     name = "ssh"
+    #: A detached background process needs nothing to outlive close: the host stays.
+    background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     # The remote bash's pid reaches us first thing on its channel, so the
     # wrapper need not write a pidfile (which a quick timeout could outrun,
@@ -336,7 +339,7 @@ class SSHEnvironment(BaseEnvironment):
         if engine is not None:
             engine.push()
 
-    def pull_back(self) -> PullResult | None:
+    def pull_files(self) -> PullResult | None:
         """Apply the target's changes to the synced host paths (also done at close).
 
         Entries skipped as unsafe, and an archive refused as tampering (which
@@ -359,9 +362,9 @@ class SSHEnvironment(BaseEnvironment):
         return self.last_pull
 
     def cleanup(self) -> None:
-        if self._sync_engine is not None and self._transport is not None:
+        if self._sync_engine is not None and self._transport is not None and self.config.pull_on_close:  # type: ignore[attr-defined]
             try:
-                self.pull_back()
+                self.pull_files()
             except Exception:  # noqa: BLE001 - the connection must still be released; last_pull says what happened
                 log.exception("ssh: pulling synced files back failed; host files were left as they were")
         t = self._transport

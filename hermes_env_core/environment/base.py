@@ -15,10 +15,11 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
+from .channel import ChannelCommand, ChannelPool, ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
@@ -97,6 +98,8 @@ class BaseEnvironment(abc.ABC):
         # Background-process registries following processes in this environment
         # (hermes_env_core.processes adds itself here).
         self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._channels: ChannelPool | None = None
+        self._channel_lock = threading.Lock()
 
     # -- what a backend implements ------------------------------------------
     @abc.abstractmethod
@@ -114,6 +117,17 @@ class BaseEnvironment(abc.ABC):
     @abc.abstractmethod
     def cleanup(self) -> None:
         """Release the backend's resources. Called once by ``close()``."""
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        """Optional: start ``argv`` (a bash) in the target, its stdin and stdout
+        one long-lived byte stream (see ``channel.ChannelStream``). A backend
+        that offers it gets the resident shell channel; raise
+        ``EnvironmentUnavailable`` when the target cannot be reached."""
+        raise NotImplementedError
+
+    def _channel_command_exited(self, handle: ChannelCommand, code: int) -> None:
+        """Hook: a command that ran through a channel exited with ``code`` (may
+        add notes, or raise ``BackendError`` when the target died under it)."""
 
     def _before_execute(self) -> None:
         """Hook run before each command (remote backends sync files here)."""
@@ -158,6 +172,23 @@ class BaseEnvironment(abc.ABC):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def offers_channel(self) -> bool:
+        """Whether this backend can keep a resident shell channel open."""
+        return type(self)._open_channel is not BaseEnvironment._open_channel
+
+    @property
+    def channel_mode(self) -> str:
+        """How commands reach the target: ``channel`` or ``process`` (with why)."""
+        if not self.offers_channel:
+            return "process (the backend offers no channel)"
+        if not self.config.channel:
+            return "process (channel turned off by configuration)"
+        pool = self._channels
+        if pool is not None and pool.refused:
+            return f"process (the channel was refused: {pool.refused})"
+        return "channel"
 
     # -- public API ------------------------------------------------------------
     def execute(
@@ -275,7 +306,11 @@ class BaseEnvironment(abc.ABC):
                 except Exception:  # noqa: BLE001 - cleanup must still run
                     _log.exception("closing background processes of %r failed", self)
         finally:
-            self.cleanup()
+            try:
+                if self._channels is not None:
+                    self._channels.close()
+            finally:
+                self.cleanup()
 
     def __enter__(self) -> BaseEnvironment:
         return self
@@ -357,7 +392,24 @@ class BaseEnvironment(abc.ABC):
     ) -> _Run:
         run = _Run()
         splitter = FrameSplitter(wrapped.marker, capture.feed)
-        handle = self._run_bash(wrapped.script, login=login, timeout=timeout, stdin_data=stdin_data)
+        handle = self._start_bash(wrapped.script, login=login, timeout=timeout, stdin_data=stdin_data)
+        try:
+            return self._drive_handle(handle, run, splitter, capture, wrapped, timeout=timeout, cancel=cancel)
+        finally:
+            if isinstance(handle, ChannelCommand) and self._channels is not None:
+                self._channels.release(handle.channel, handle)
+
+    def _drive_handle(
+        self,
+        handle: ProcessHandle,
+        run: _Run,
+        splitter: FrameSplitter,
+        capture: OutputCapture,
+        wrapped: WrappedCommand,
+        *,
+        timeout: float | None,
+        cancel: threading.Event | None,
+    ) -> _Run:
         stdout = handle.stdout
         if stdout is None:
             raise BackendError(f"{self.name}: the process handle has no stdout")
@@ -405,10 +457,10 @@ class BaseEnvironment(abc.ABC):
                     elif deadline is not None and now >= deadline:
                         reason = "timeout"
                     if reason is not None:
-                        self._kill_tree(handle, wrapped, graceful=True)
+                        self._stop(handle, wrapped, graceful=True)
                         kill_at = now + self.config.kill_grace_s
                 elif kill_at is not None and now >= kill_at:
-                    self._kill_tree(handle, wrapped, graceful=False)
+                    self._stop(handle, wrapped, graceful=False)
                     kill_at = None
                 if handle.poll() is not None:
                     # bash is gone but a pipe holder lingers: take what is there.
@@ -416,8 +468,9 @@ class BaseEnvironment(abc.ABC):
                         exited_at = now
                     elif now - exited_at > _DRAIN_S:
                         break
-            if reason is not None and kill_at is not None:
+            if reason is not None and kill_at is not None and not isinstance(handle, ChannelCommand):
                 # bash ended on SIGTERM within the grace; what it started may not have.
+                # (A channel's server sweeps a killed command's leftovers itself.)
                 self._finish_kill(handle, wrapped, kill_at)
             splitter.flush()
             run.frame = splitter.frame
@@ -434,7 +487,7 @@ class BaseEnvironment(abc.ABC):
             # An on_output callback raised, or the caller was interrupted: the
             # command must not outlive the call.
             try:
-                self._kill_tree(handle, wrapped, graceful=False)
+                self._stop(handle, wrapped, graceful=False)
                 self._reap(handle, finished=False)
             except Exception:  # noqa: BLE001 - the first exception is the one to report
                 _log.exception("%r: stopping the command after an error failed", self)
@@ -460,6 +513,47 @@ class BaseEnvironment(abc.ABC):
         else:
             run.exit_code = 128 - code if code < 0 else code
         return run
+
+    def _stop(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        if isinstance(handle, ChannelCommand):
+            handle.terminate() if graceful else handle.kill()  # the server kills the tree
+        else:
+            self._kill_tree(handle, wrapped, graceful=graceful)
+
+    def _channel_pool(self) -> ChannelPool | None:
+        if self._channels is None:
+            if not self.config.channel or not self.offers_channel:
+                return None
+            with self._channel_lock:
+                if self._channels is None:
+                    self._channels = ChannelPool(self._open_channel, limit=self.config.max_channels, label=self.name)
+        return self._channels
+
+    def _start_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        """Through a free resident channel when there is one, else a new process."""
+        pool = self._channel_pool()
+        if pool is not None:
+            for why in pool.take_lost():
+                self._note(f"resident shell channel lost ({why}); a new one is opened")
+            refused = pool.refused
+            try:
+                channel = pool.acquire()
+            except EnvironmentUnavailable as exc:
+                # Let the process path bring the target back (and say so).
+                _log.debug("%s: opening a channel failed: %s", self.name, exc)
+                channel = None
+            if channel is not None:
+                try:
+                    cmd = channel.start(script, login=login, stdin_data=stdin_data)
+                    cmd.on_exit = self._channel_command_exited
+                    return cmd
+                except EnvironmentUnavailable:
+                    pass  # it died just now: run as a process
+            elif pool.refused and refused is None:
+                self._note(f"resident shell channel not available ({pool.refused}); one process per command")
+        return self._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
 
     def _finish_kill(self, handle: ProcessHandle, wrapped: WrappedCommand, kill_at: float) -> None:
         """Send the pending SIGKILL: at once when the backend cannot tell what is

@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +51,6 @@ class _Entry:
     notify: Any = None  # the latest ServerSession of this MCP session: where background events go
     protocol_version: str = ""
     calls: dict[Any, tuple[threading.Event, McpShell]] = field(default_factory=dict)
-    inflight_http: int = 0
-    idle_since: float = field(default_factory=time.monotonic)
 
 
 class SessionTable:
@@ -322,7 +319,7 @@ def session_key(ctx: Any, *, http: bool) -> str | None:
     return headers.get(_SESSION_HEADER)
 
 
-def build_server(table: SessionTable, *, http: bool, max_sessions: int | None = None) -> Server[Any]:
+def build_server(table: SessionTable, *, http: bool) -> Server[Any]:
     """The low-level MCP server; its lifespan runs ``table``'s event pump and closes every shell at the end."""
 
     @contextlib.asynccontextmanager

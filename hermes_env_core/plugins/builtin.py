@@ -27,6 +27,7 @@ def hermes_env_backends() -> list[BackendSpec]:
             config_model="hermes_env_core.backends.docker:DockerConfig",
             summary="bash in a Docker container",
             install_hint="pip install 'hermes-env-core[docker]'",
+            requires=("docker",),
         ),
         BackendSpec(
             name="ssh",
@@ -34,5 +35,6 @@ def hermes_env_backends() -> list[BackendSpec]:
             config_model="hermes_env_core.backends.ssh:SSHConfig",
             summary="bash on a remote host over SSH",
             install_hint="pip install 'hermes-env-core[ssh]'",
+            requires=("paramiko",),
         ),
     ]

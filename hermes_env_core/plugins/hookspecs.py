@@ -15,10 +15,11 @@ import pluggy
 if TYPE_CHECKING:
     from .spec import BackendSpec
 
-__all__ = ["PROJECT_NAME", "ENTRY_POINT_GROUP", "hookspec", "hookimpl", "hermes_env_backends"]
+__all__ = ["PROJECT_NAME", "ENTRY_POINT_GROUP", "HOOK_PREFIX", "hookspec", "hookimpl", "hermes_env_backends"]
 
 PROJECT_NAME = "hermes_env"
 ENTRY_POINT_GROUP = "hermes_env"
+HOOK_PREFIX = "hermes_env_"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -2,20 +2,24 @@
 
 Loads the entry points of group ``hermes_env`` and registers each plugin with
 pluggy; a plugin that fails is recorded with the reason, never raised here.
+A hook implementation that no hookspec declares (a misspelt
+``hermes_env_backend``), or a ``hermes_env_*`` function not marked
+``@hookimpl``, fails its plugin: otherwise its backends would silently vanish.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import importlib_metadata
 import pluggy
 
 from . import hookspecs
-from .hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME
+from .hookspecs import ENTRY_POINT_GROUP, HOOK_PREFIX, PROJECT_NAME
 from .spec import BackendSpec
 
 __all__ = ["CORE_DISTRIBUTION", "LoadedPlugin", "PluginInfo", "PluginLoadWarning", "PluginManager"]
@@ -86,7 +90,7 @@ class PluginManager:
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> list[LoadedPlugin]:
         """Load every entry point of ``group``; the core's first, then by distribution and name."""
-        eps = list(importlib_metadata.entry_points(group=group))
+        eps = list(importlib.metadata.entry_points(group=group))
 
         def order(ep: Any) -> tuple[int, str, str]:
             dist = _dist_name(ep) or ""
@@ -121,6 +125,10 @@ class PluginManager:
             self._pm.register(plugin, name=pname)
         except (Exception, SystemExit) as exc:
             return LoadedPlugin(_with(info, error=_reason(exc)), ())
+        problem = self._unknown_hooks(plugin)
+        if problem:
+            self._pm.unregister(plugin)
+            return LoadedPlugin(_with(info, error=problem), ())
         try:
             specs = self._call(plugin, info)
         except _BadResult as exc:
@@ -130,6 +138,38 @@ class PluginManager:
             self._pm.unregister(plugin)
             return LoadedPlugin(_with(info, error=f"hermes_env_backends() failed: {_reason(exc)}"), ())
         return LoadedPlugin(_with(info, backends=tuple(s.name for s in specs)), tuple(specs), plugin)
+
+    def known_hooks(self) -> list[str]:
+        """The hook names a plugin may implement."""
+        return sorted(name for name, caller in vars(self._pm.hook).items() if getattr(caller, "has_spec", None) and caller.has_spec())
+
+    def _unknown_hooks(self, plugin: object) -> str | None:
+        # What pluggy's check_pending() finds, but for this plugin alone, plus unmarked hook-like functions.
+        unknown = sorted(
+            caller.name
+            for caller in self._pm.get_hookcallers(plugin) or []
+            if not caller.has_spec()
+            and not all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin is plugin)
+        )
+        unmarked = sorted(
+            name
+            for name in dir(plugin)
+            if name.startswith(HOOK_PREFIX)
+            and inspect.isroutine(getattr(plugin, name, None))
+            and self._pm.parse_hookimpl_opts(plugin, name) is None
+        )
+        known = ", ".join(self.known_hooks())
+        if unknown:
+            return (
+                f"implements hook {', '.join(map(repr, unknown))}, which no hermes-env hookspec declares "
+                f"(known hooks: {known}); is it misspelt?"
+            )
+        if unmarked:
+            return (
+                f"defines {', '.join(map(repr, unmarked))} without @hookimpl, so pluggy ignores it "
+                f"(mark it with hermes_env_core.hookimpl; known hooks: {known})"
+            )
+        return None
 
     def _call(self, plugin: object, info: PluginInfo) -> list[BackendSpec]:
         others = [p for p in self._pm.get_plugins() if p is not plugin]

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
+import importlib.util
 import os
+import re
 import threading
 import warnings
 from collections.abc import Mapping
@@ -48,6 +51,7 @@ __all__ = [
 ]
 
 STRICT_ENV_VAR = "HERMES_ENV_STRICT_PLUGINS"
+_REQ_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -307,10 +311,63 @@ class BackendRegistry:
             self._models[spec.name] = obj
             return obj
 
+    def availability(self, name: str) -> tuple[bool, str | None]:
+        """Whether backend ``name`` can be loaded, and if not why, found without importing anything.
+
+        Looks for the backend's module and the modules its spec ``requires``
+        (its SDK), and checks that its distribution's own requirements are
+        installed. Importing would run SDKs: listing backends must stay cheap and safe.
+        """
+        spec = self.resolve(name)
+        hint = f": {spec.install_hint}" if spec.install_hint else ""
+        if spec.name in self._conflicts:
+            return False, "name provided twice: " + " and ".join(
+                s.distribution or "?" for s in self._conflicts[spec.name]
+            )
+        try:
+            found = importlib.util.find_spec(spec.module)
+        except (ImportError, ValueError) as exc:
+            return False, f"cannot locate {spec.module}: {exc}"
+        if found is None:
+            return False, f"module {spec.module} not found; reinstall {spec.distribution or 'its plugin'}"
+        for module in spec.requires:
+            try:
+                present = importlib.util.find_spec(module.partition(".")[0]) is not None
+            except (ImportError, ValueError):
+                present = False
+            if not present:
+                return False, f"needs {module!r}, which is not installed{hint}"
+        missing = _missing_requirements(spec.distribution)
+        if missing:
+            return False, f"{spec.distribution} needs {', '.join(missing)}, not installed{hint}"
+        return True, None
+
     def is_loaded(self, name: str) -> bool:
         """Whether backend ``name``'s class has been imported through this registry."""
         spec = self._by_key.get(_key(name))
         return spec is not None and spec.name in self._classes
+
+
+def _missing_requirements(distribution: str | None) -> list[str]:
+    """The unconditional requirements of ``distribution`` that are not installed (markers are skipped)."""
+    if not distribution:
+        return []
+    try:
+        requires = importlib.metadata.distribution(distribution).requires or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for req in requires:
+        if ";" in req:
+            continue  # an extra or an environment marker: not needed here
+        m = _REQ_NAME_RE.match(req)
+        if m is None:
+            continue
+        try:
+            importlib.metadata.distribution(m.group(0))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(m.group(0))
+    return missing
 
 
 def _may_provide(info: PluginInfo, key: str, known: KnownBackend | None) -> bool:

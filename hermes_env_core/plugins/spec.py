@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["BackendSpec", "split_target"]
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -32,7 +33,10 @@ class BackendSpec:
     ``target`` and a string ``config_model`` are imported only when the backend
     is created (or its options resolved); a class there is used as is, which
     suits tests but makes the plugin module import it. ``install_hint`` is shown
-    when the target cannot be imported (a missing SDK). ``distribution`` is
+    when the target cannot be imported (a missing SDK). ``requires`` names the
+    modules the backend imports beyond the core (its SDK, e.g. ``("docker",)``):
+    ``hermes-env backends`` looks for them without importing them, so that a
+    backend whose SDK is missing is listed as not loadable. ``distribution`` is
     filled in by the plugin manager from the entry point's distribution; any
     value a plugin puts there is overwritten.
     """
@@ -43,6 +47,7 @@ class BackendSpec:
     aliases: tuple[str, ...] = ()
     install_hint: str | None = None
     config_model: str | type[Any] | None = None
+    requires: tuple[str, ...] = ()
     distribution: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -58,6 +63,11 @@ class BackendSpec:
                 raise ValueError(f"alias {alias!r} of backend {self.name!r} must match {_NAME_RE.pattern}")
             if alias == self.name:
                 raise ValueError(f"backend {self.name!r} lists its own name as an alias")
+        requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
+        for module in requires:
+            if not isinstance(module, str) or not _MODULE_RE.match(module):
+                raise ValueError(f"requires of backend {self.name!r}: {module!r} is not a module name")
+        object.__setattr__(self, "requires", requires)
         split_target(self.target)
         if isinstance(self.config_model, str):
             split_target(self.config_model)

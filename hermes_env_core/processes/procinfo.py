@@ -129,6 +129,9 @@ def kill_tree(
     if pending:
         # Children started during the grace period join the last round.
         late = [m for m in tree(root, pgid) if m.pid not in {p.pid for p in members}]
+        # Frozen first: a parent must not see a child die and exit by itself
+        # (status 0) between two kills.
+        _signal_all(pending + late, signal.SIGSTOP)
         _signal_all(pending + late, signal.SIGKILL)
 
 

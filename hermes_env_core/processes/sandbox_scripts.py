@@ -126,13 +126,13 @@ case $HOSTTYPE in
   aarch64) rd=" 63 65 67 " sel=" 72 " pl=" 73 ";;
   *) return 1;;
 esac
-IFS= read -r s <"/proc/$2/stat" 2>/dev/null || return 1
+IFS= read -r s 2>/dev/null <"/proc/$2/stat" || return 1
 s=${s##*) }; f=($s); local tp=${f[5]}
 for p in /proc/[0-9]*; do
-  IFS= read -r s <"$p/stat" 2>/dev/null || continue
+  IFS= read -r s 2>/dev/null <"$p/stat" || continue
   s=${s##*) }; f=($s); [ "${f[2]}" = "$tp" ] || continue
   [ "${f[0]}" = R ] && return 1
-  IFS=' ' read -r n a0 a1 _ <"$p/syscall" 2>/dev/null || continue
+  IFS=' ' read -r n a0 a1 _ 2>/dev/null <"$p/syscall" || continue
   case $n in *[!0-9]*|'') continue;; esac
   if [[ $rd == *" $n "* ]]; then [ "$(readlink "$p/fd/$((a0))" 2>/dev/null)" = "$t" ] && w=1
   elif [[ $sel == *" $n "* ]]; then ((a0 == 1)) && [ "$(readlink "$p/fd/0" 2>/dev/null)" = "$t" ] && w=1
@@ -158,7 +158,7 @@ def poll_script(
     check = (
         _WAITING_FN
         + 'if [ "$rc" = - ]; then t=; IFS= read -r t <"$d/tty" 2>/dev/null; IFS=" " read -r ip _ <"$d/inner" 2>/dev/null\n'
-        + '  [ -n "$t" ] && [ -n "$ip" ] && __hbg_waiting "$t" "$ip" && rc="- w"\nfi\n'
+        + '  [ -n "$t" ] && [ -n "$ip" ] && __hbg_waiting "$t" "$ip" 2>/dev/null && rc="- w"\nfi\n'
         if input_check
         else ""
     )
@@ -286,7 +286,7 @@ def waiting_script(d: str, quiet_s: float) -> str:
         + 't=; IFS= read -r t <"$d/tty" 2>/dev/null; IFS=" " read -r ip _ <"$d/inner" 2>/dev/null\n'
         + '[ -n "$t" ] && [ -n "$ip" ] || exit 0\n'
         + "printf -v now '%(%s)T' -1; m=$(stat -c %Y -- \"$d/out\" 2>/dev/null) || exit 0\n"
-        + f"((now - m >= {max(0, int(quiet_s))})) && __hbg_waiting \"$t\" \"$ip\" && builtin printf 'w\\n'\n"
+        + f"((now - m >= {max(0, int(quiet_s))})) && __hbg_waiting \"$t\" \"$ip\" 2>/dev/null && builtin printf 'w\\n'\n"
         + "exit 0\n"
     )
 

@@ -201,7 +201,7 @@ def test_default_hardening_seen_from_inside(make_env, docker_client):
 def test_options_change_the_limits(make_env):
     env = make_env(
         read_only_root=True, tmpfs={"/tmp": "16m"}, tmpfs_noexec=True, cap_add=("CHOWN",),
-        pids_limit=64, memory="128m", cpus=0.5, no_new_privileges=False,
+        pids_limit=64, memory="128m", cpu=0.5, no_new_privileges=False,
     )
     r = env.execute("touch /probe")
     assert r.exit_code != 0 and "Read-only file system" in r.output
@@ -225,6 +225,8 @@ def test_non_root_user_gets_a_writable_workspace(make_env):
 def test_pids_limit_enforced_and_a_fork_bomb_is_cleaned_up(make_env):
     env = make_env(pids_limit=32)
     assert _cgroup(env, "pids/pids.max", "pids.max") == "32"
+    # What runs while nothing else does (a resident channel adds its server and relay).
+    idle = int(_cgroup(env, "pids/pids.current", "pids.current"))
     r = env.execute("f() { f & f & wait; }; f", timeout=3)
     assert r.timed_out and r.exit_code == 124
     assert "fork" in r.output  # bash was refused new processes
@@ -233,7 +235,7 @@ def test_pids_limit_enforced_and_a_fork_bomb_is_cleaned_up(make_env):
     def current() -> int:
         return int(_cgroup(env, "pids/pids.current", "pids.current"))
 
-    assert wait_until(lambda: current() <= 6, 20), f"{current()} processes left"
+    assert wait_until(lambda: current() <= max(idle, 6), 20), f"{current()} processes left, {idle} when idle"
     assert env.execute("echo usable").output == "usable\n"
 
 

@@ -24,9 +24,25 @@ def docker_conformance_task(docker_image):
 
 
 class TestDockerConformance(EnvironmentConformance):
+    """Through the resident shell channel (the default)."""
+
     @pytest.fixture
     def environment(self, docker_image, docker_conformance_task):
         with DockerEnvironment(
-            image=docker_image, pull="never", task_id=docker_conformance_task, persistent=True, timeout=60
+            image=docker_image, pull="never", task_id=docker_conformance_task, persistent=True, timeout=60,
+            channel=True,
+        ) as env:
+            yield env
+            assert env.channel_mode == "channel"
+
+
+class TestDockerProcessConformance(EnvironmentConformance):
+    """One exec per command (the fallback path)."""
+
+    @pytest.fixture
+    def environment(self, docker_image, docker_conformance_task):
+        with DockerEnvironment(
+            image=docker_image, pull="never", task_id=docker_conformance_task, persistent=True, timeout=60,
+            channel=False,
         ) as env:
             yield env

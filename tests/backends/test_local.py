@@ -15,9 +15,21 @@ from hermes_env_core.testing import EnvironmentConformance
 
 
 class TestLocalConformance(EnvironmentConformance):
+    """Through the resident shell channel (the default)."""
+
     @pytest.fixture
     def environment(self):
-        with LocalEnvironment(timeout=60) as env:
+        with LocalEnvironment(timeout=60, channel=True) as env:
+            yield env
+            assert env.channel_mode == "channel"
+
+
+class TestLocalProcessConformance(EnvironmentConformance):
+    """One process per command (the fallback path)."""
+
+    @pytest.fixture
+    def environment(self):
+        with LocalEnvironment(timeout=60, channel=False) as env:
             yield env
 
 

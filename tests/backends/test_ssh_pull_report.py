@@ -31,7 +31,7 @@ def test_unsafe_entries_are_skipped_by_name_and_the_rest_applied(sshd_server, tm
             " && mkfifo pipe && echo v2 > src/app.py && echo new > src/made.txt && echo ok"
         )
         assert r.output == "ok\n"
-        result = env.pull_back()
+        result = env.pull_files()
         assert isinstance(result, PullResult)
         skipped = dict(result.skipped)
         assert set(skipped) == {str(work / "venv" / "bin" / "python"), str(work / "pipe")}
@@ -99,7 +99,7 @@ def test_tampered_archive_is_refused_whole_with_a_report_and_a_note(hostile_serv
     try:
         env.execute("true")  # pushes
         with pytest.raises(UnsafeArchiveError, match=r"'\.\./escape\.txt'"):
-            env.pull_back()
+            env.pull_files()
         assert (work / "a.txt").read_text() == "original"  # nothing applied
         assert not (tmp_path / "escape.txt").exists()
         report = env.last_pull

@@ -10,8 +10,14 @@ import pytest
 from hermes_env_core import EndReason, Usage
 from hermes_env_core.backends.local import LocalEnvironment
 
+import resource
+
+# A peak no higher than this test process's own cannot be told from the one a
+# child inherits when it is spawned (see LocalEnvironment): allocate beyond it.
+_OWN_PEAK = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+ALLOC_MB = max(150, _OWN_PEAK // (1 << 20) + 200)
 BURN = (
-    f"{sys.executable} -c \"b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])\n"
+    f"{sys.executable} -c \"b = bytearray({ALLOC_MB} * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])\n"
     "import time; t = time.process_time()\nwhile time.process_time() - t < 0.6: pass\""
 )
 
@@ -28,7 +34,7 @@ def test_local_usage_covers_the_commands_tree(local: LocalEnvironment) -> None:
     u = r.usage
     assert u.cpu_user_s is not None and u.cpu_system_s is not None
     assert u.cpu_user_s + u.cpu_system_s >= 0.6
-    assert u.max_rss_bytes is not None and u.max_rss_bytes >= 150 * 1024 * 1024
+    assert u.max_rss_bytes is not None and u.max_rss_bytes >= ALLOC_MB * 1024 * 1024
     assert r.end_reason is EndReason.EXITED and r.signal is None
 
 
@@ -36,7 +42,8 @@ def test_local_usage_is_per_command(local: LocalEnvironment) -> None:
     local.execute(BURN)
     r = local.execute("true")
     assert r.usage.cpu_user_s is not None and r.usage.cpu_user_s + (r.usage.cpu_system_s or 0) < 0.5
-    assert r.usage.max_rss_bytes is not None and r.usage.max_rss_bytes < 100 * 1024 * 1024
+    # Either unknown (no higher than what bash inherits) or small: never the previous command's peak.
+    assert r.usage.max_rss_bytes is None or r.usage.max_rss_bytes < ALLOC_MB * 1024 * 1024 // 2
 
 
 @pytest.mark.parametrize(
@@ -95,13 +102,13 @@ def test_cli_run_stats_prints_the_cost_on_stderr() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERMINAL_")}
     hermes = os.path.join(os.path.dirname(sys.executable), "hermes-env")
     r = subprocess.run(
-        [hermes, "run", "--stats", "--", BURN.replace("150", "20") + "; exit 4"],
+        [hermes, "run", "--stats", "--", BURN + "; exit 4"],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )
     assert r.returncode == 4 and r.stdout == ""
     m = re.search(r"\[stats\] exited, exit 4, wall [\d.]+s, cpu user ([\d.]+)s sys ([\d.]+)s, max rss ([\d.]+) MiB", r.stderr)
     assert m is not None, r.stderr
-    assert float(m[1]) + float(m[2]) >= 0.6 and float(m[3]) >= 20
+    assert float(m[1]) + float(m[2]) >= 0.6 and float(m[3]) >= ALLOC_MB
 
 
 @pytest.mark.parametrize(

@@ -15,18 +15,21 @@ import subprocess
 import pytest
 
 from hermes_env_core.backends.local import LocalEnvironment
+from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ThreadedProcessHandle
 from hermes_env_core.errors import BackendError
 from hermes_env_core.testing import EnvironmentConformance
 
 
 class HeredocLocal(LocalEnvironment):
+    _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     name = "local-heredoc"
     stdin_mode = "heredoc"
 
 
 class ThreadedLocal(LocalEnvironment):
     """Like an SDK backend: a blocking call in a thread, output pushed in chunks."""
+    _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
 
     name = "local-threaded"
     records_pid = True
@@ -105,6 +108,7 @@ class TestThreadedConformance(EnvironmentConformance):
 
 class Exploding(LocalEnvironment):
     """An SDK whose call fails after some output."""
+    _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
 
     name = "exploding"
     fail_on = "boom"
@@ -204,6 +208,7 @@ def test_pidfile_of_an_earlier_command_is_not_trusted():
 
 
 class NotingLocal(LocalEnvironment):
+    _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     def _run_bash(self, script, *, login, timeout, stdin_data):
         proc = super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
         if "mark-me" in script:

@@ -241,7 +241,7 @@ def test_a_broken_plugin_in_the_cli(make_dist, subprocess_env):
         env=env,
         timeout=60,
     )
-    assert run.returncode == 2
+    assert run.returncode == 125  # a broken install: a failure of hermes-env, not of the invocation
     assert "Traceback" not in run.stderr and "boom" in run.stderr
     ok = subprocess.run(
         [sys.executable, "-m", "hermes_env_core.cli", "run", "echo fine"],
@@ -346,7 +346,7 @@ def test_the_core_registers_its_backends_through_its_own_entry_point(run_py):
     out = last_json(
         run_py("""
         import json
-        import importlib_metadata
+        import importlib.metadata as importlib_metadata
         from hermes_env_core import get_registry
         eps = [[ep.name, ep.value, ep.dist.name] for ep in importlib_metadata.entry_points(group="hermes_env")]
         core = get_registry().plugins[0]

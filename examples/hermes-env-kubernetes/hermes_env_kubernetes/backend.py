@@ -15,8 +15,10 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from hermes_env_core.config import memory_bytes
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import KILL_TREE_FN, WrappedCommand
@@ -28,11 +30,12 @@ from .config import KubernetesConfig
 MANAGED = {"app.kubernetes.io/managed-by": "hermes-env"}
 EXT, CORE = ("extensions.agents.x-k8s.io", "v1alpha1"), ("agents.x-k8s.io", "v1alpha1")
 RBAC = "pods: create, get, list, delete; pods/exec: get, create; events: list"
-_ARG_LIMIT = 16384  # longer scripts go through stdin, not the exec URL
 _LINGER_S = 0.5  # after bash reported, how long a background child may hold the stream
-# Script (and, on v4, stdin) read from the exec's stdin by length: v4 cannot half-close it.
-_PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); __hermes_in=$2; set --\n'
-            '[[ $__hermes_in == - ]] || exec < <(head -c "$__hermes_in")\nbuiltin eval "${__hermes_src%x}"')
+# The script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read from
+# the exec's stdin by length, then the command's stdin follows (bounded too on v4, which cannot half-close).
+# A new bash runs it as its script file: commands at top level, as with `bash -c`.
+_PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); [[ $2 == - ]] || exec < <(head -c "$2")\n'
+            'exec bash $3 <(builtin printf %s "${__hermes_src%x}")')
 _reaped: set[str] = set()
 
 
@@ -141,6 +144,44 @@ class _Exec:
         self.killer(False) if self.killer else self.ws.close()
 
 
+class _Channel:
+    """One exec websocket as the core's resident channel: stdin in, channel 1 out, the rest dropped."""
+
+    def __init__(self, ws: Any, keepalive: float) -> None:
+        self.ws, self._buf, self._lock = ws, b"", threading.Lock()
+        ws.sock.settimeout(keepalive)
+
+    def read(self, n: int) -> bytes:
+        from websocket import ABNF, WebSocketTimeoutException
+
+        try:
+            while not self._buf:
+                try:
+                    op, frame = self.ws.sock.recv_data_frame(True)
+                except WebSocketTimeoutException:
+                    with self._lock:
+                        self.ws.sock.ping()
+                    continue
+                if op == ABNF.OPCODE_CLOSE or (op == ABNF.OPCODE_BINARY and frame.data[:1] == b"\x03"):
+                    return b""
+                if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data[:1] == b"\x01":
+                    self._buf = frame.data[1:]
+        except Exception:  # noqa: BLE001 - any failure is the end of the stream
+            return b""
+        data, self._buf = self._buf[:n], self._buf[n:]
+        return data
+
+    def write(self, data: bytes) -> None:
+        try:
+            with self._lock:
+                self.ws.write_channel(0, data)
+        except Exception as exc:
+            raise OSError(f"kubernetes: the channel's exec stream is broken: {exc}") from exc
+
+    def close(self) -> None:
+        self.ws.close()
+
+
 class KubernetesEnvironment(BaseEnvironment):
     """Runs commands in a pod (or an agent-sandbox claim) made for this environment."""
 
@@ -179,7 +220,7 @@ class KubernetesEnvironment(BaseEnvironment):
         self._sync = None
         if cfg.sync:
             transport = CommandTransport(self._sync_run)
-            self._sync = SyncEngine(transport, [s.mapping() for s in cfg.sync], interval=cfg.sync_interval)
+            self._sync = SyncEngine(transport, [s.mapping() for s in cfg.sync], interval=cfg.sync_interval_s)
 
     # -- errors ------------------------------------------------------------------------------
     def _error(self, exc: Exception, doing: str) -> EnvironmentUnavailable:
@@ -200,7 +241,9 @@ class KubernetesEnvironment(BaseEnvironment):
     # -- the pod ----------------------------------------------------------------------------------
     def _manifest(self, name: str) -> dict[str, Any]:
         cfg = self.config
-        res = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory), ("ephemeral-storage", cfg.ephemeral_storage)) if v}
+        memory = str(memory_bytes(cfg.memory)) if cfg.memory else None  # "512m" is ours; Kubernetes reads bytes
+        cpu = f"{cfg.cpu:g}" if cfg.cpu else None
+        res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("ephemeral-storage", cfg.ephemeral_storage)) if v}
         spec: dict[str, Any] = {
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "nodeSelector": cfg.node_selector or None,
             "tolerations": list(cfg.tolerations) or None, "runtimeClassName": cfg.runtime_class,
@@ -345,19 +388,14 @@ class KubernetesEnvironment(BaseEnvironment):
         data = script.encode("utf-8", "surrogateescape")
         for attempt in range(2):
             pod = self._pod()
-            inline = len(data) <= _ARG_LIMIT and (self._v5 or stdin is None)
-            feed = stdin
-            argv = ["bash", "-l"] if login else ["bash"]
-            if inline:
-                argv += ["-c", script, "bash"]
-            else:
-                argv += ["-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b""))]
-                feed = data + (stdin or b"")
+            argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b""))]
+            argv += ["-l"] if login else []
+            feed = data + (stdin or b"")
             try:
                 with self._exec_lock:
                     ws = self._k8s.stream.stream(
                         self._exec_api.connect_get_namespaced_pod_exec, pod, self.namespace, command=argv,
-                        stdin=feed is not None, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
+                        stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
             except self._k8s.client.ApiException as exc:
                 if attempt or not self._lost(pod):
                     raise self._error(exc, f"exec in pod {pod}") from exc
@@ -374,6 +412,18 @@ class KubernetesEnvironment(BaseEnvironment):
             self._v5 = ws.subprotocol == "v5.channel.k8s.io"
             return _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
         raise AssertionError("unreachable")
+
+    def _open_channel(self, argv: Sequence[str]) -> _Channel:
+        """The core's resident channel (when the core offers one): a long-lived exec with stdin."""
+        try:
+            pod = self._pod()
+            with self._exec_lock:
+                ws = self._k8s.stream.stream(
+                    self._exec_api.connect_get_namespaced_pod_exec, pod, self.namespace, command=list(argv),
+                    stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
+        except self._k8s.client.ApiException as exc:
+            raise self._error(exc, "open a channel") from exc
+        return _Channel(ws, self.config.keepalive_s)
 
     def _run_bash(self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None) -> ProcessHandle:
         return self._start(script, stdin_data, login=login, resync=True)
@@ -408,10 +458,14 @@ class KubernetesEnvironment(BaseEnvironment):
         if self._sync is not None:
             self._sync.push()
 
+    def pull_files(self) -> Any:
+        """Apply the pod's changes to the synced host paths now (also done at close); None without sync."""
+        return self._sync.pull() if self._sync is not None and self.pod_name is not None else None
+
     def cleanup(self) -> None:
         try:
-            if self._sync is not None and self.pod_name is not None:
-                self._sync.pull()
+            if self.config.pull_on_close:
+                self.pull_files()
         finally:
             with self._lock:
                 self._release()

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from hermes_env_core.config import MemorySize
 from hermes_env_core.environment.options import EnvironmentConfig
 from hermes_env_core.sync import SyncOption
 
@@ -17,8 +18,8 @@ class KubernetesConfig(EnvironmentConfig):
     context: str | None = Field(None, description="Kubeconfig context (default: its current-context).")
     namespace: str | None = Field(None, description="Namespace (default: the context's, else 'default').")
     image: str = Field("debian:bookworm-slim", description="Container image; it needs bash (and tar for sync).")
-    cpu: str | None = Field(None, description="CPU request and limit, a Kubernetes quantity ('500m', '2').")
-    memory: str | None = Field(None, description="Memory request and limit ('512Mi', '2Gi').")
+    cpu: float | None = Field(None, gt=0, description="CPU request and limit in cores (0.5, 2).")
+    memory: MemorySize | None = Field(None, description="Memory request and limit, such as '512m' or '2g'.")
     ephemeral_storage: str | None = Field(None, description="Ephemeral storage request and limit ('1Gi').")
     service_account: str | None = Field(None, description="serviceAccountName of the pod.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pod must land on.")
@@ -32,7 +33,8 @@ class KubernetesConfig(EnvironmentConfig):
     sandbox_template: str | None = Field(None, description="agent-sandbox: claim from this SandboxTemplate.")
     sandbox_warm_pool: str | None = Field(None, description="agent-sandbox: claim from this SandboxWarmPool.")
     sync: tuple[SyncOption, ...] = Field((), description="Host paths pushed before each command, pulled at close.")
-    sync_interval: float = Field(5.0, ge=0, description="Seconds between two checks of the host trees.")
+    sync_interval_s: float = Field(5.0, ge=0, description="Seconds between two checks of the host trees.")
+    pull_on_close: bool = Field(True, description="Pull the pod's changes to synced paths back at close.")
 
     @model_validator(mode="after")
     def _one_source(self) -> KubernetesConfig:

@@ -52,7 +52,7 @@ def test_untolerated_taint_and_too_much_cpu(emu: Any, make_env: Any) -> None:
         make_env().execute("true")
     emu.node_taints = []
     with pytest.raises(EnvironmentUnavailable, match="Insufficient cpu"):
-        make_env(cpu="1000").execute("true")
+        make_env(cpu=1000).execute("true")
 
 
 def test_tolerated_taint_schedules(emu: Any, make_env: Any) -> None:

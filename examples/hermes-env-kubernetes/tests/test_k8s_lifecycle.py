@@ -16,7 +16,7 @@ def _labels(pod: dict[str, Any]) -> dict[str, str]:
 
 def test_pod_created_on_first_use_with_options_and_deleted_at_close(emu: Any, make_env: Any) -> None:
     env = make_env(
-        task_id="Task_One", cpu="500m", memory="256Mi", ephemeral_storage="1Gi", service_account="agent",
+        task_id="Task_One", cpu=0.5, memory="256m", ephemeral_storage="1Gi", service_account="agent",
         node_selector={"kubernetes.io/os": "linux"}, runtime_class="gvisor", labels={"team": "research"},
         tolerations=({"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"},),
         image_pull_secrets=("regcred",), pod_overlay={"metadata": {"annotations": {"a": "b"}},
@@ -31,8 +31,8 @@ def test_pod_created_on_first_use_with_options_and_deleted_at_close(emu: Any, ma
     assert _labels(pod)["app.kubernetes.io/managed-by"] == "hermes-env"
     assert _labels(pod)["hermes-env/task"] == "Task_One" and _labels(pod)["team"] == "research"
     assert _labels(pod)["hermes-env/owner-pid"] == str(os.getpid())
-    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "1Gi"},
-                              "limits": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "1Gi"}}
+    assert c["resources"] == {"requests": {"cpu": "0.5", "memory": "268435456", "ephemeral-storage": "1Gi"},
+                              "limits": {"cpu": "0.5", "memory": "268435456", "ephemeral-storage": "1Gi"}}
     assert spec["serviceAccountName"] == "agent" and spec["runtimeClassName"] == "gvisor"
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert spec["tolerations"][0]["value"] == "agents" and spec["imagePullSecrets"] == [{"name": "regcred"}]
@@ -106,3 +106,11 @@ def test_long_script_goes_through_stdin(emu: Any, make_env: Any) -> None:
     r = env.execute(f"v={big}; echo ${{#v}}", stdin="in\n")
     assert r.output == "40000\n"
     assert env.execute("cat", stdin="abc").output == "abc"
+
+
+def test_scripts_and_session_state_never_in_the_exec_url(emu: Any, make_env: Any) -> None:
+    env = make_env()
+    env.execute("export API_TOKEN=s3cret-value; echo visible-command")
+    assert env.execute("echo $API_TOKEN").output == "s3cret-value\n"
+    urls = " ".join(" ".join(e["command"]) for e in emu.exec_log)
+    assert "s3cret" not in urls and "visible-command" not in urls

@@ -38,7 +38,7 @@ class TestKubernetesLive(EnvironmentConformance):
 
 def test_live_sync_round_trip(tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("hello\n")
-    with _env(sync=({"host": str(tmp_path), "remote": "/tmp/live-sync"},), sync_interval=0) as env:
+    with _env(sync=({"host": str(tmp_path), "remote": "/tmp/live-sync"},), sync_interval_s=0) as env:
         assert env.execute("cat /tmp/live-sync/in.txt").output == "hello\n"
         env.execute("echo back > /tmp/live-sync/out.txt")
     assert (tmp_path / "out.txt").read_text() == "back\n"

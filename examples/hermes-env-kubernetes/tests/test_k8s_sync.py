@@ -15,7 +15,7 @@ def test_push_before_commands_and_pull_back_at_close(emu: Any, make_env: Any, tm
     (src / "a.txt").write_text("alpha\n")
     (src / "sub" / "b.bin").write_bytes(bytes(range(256)) * 64)
     os.chmod(src / "a.txt", 0o640)
-    env = make_env(sync=({"host": str(src), "remote": "/srv/work"},), sync_interval=0)
+    env = make_env(sync=({"host": str(src), "remote": "/srv/work"},), sync_interval_s=0)
     r = env.execute("cat /srv/work/a.txt; stat -c %a /srv/work/a.txt; md5sum < /srv/work/sub/b.bin")
     import hashlib
 
@@ -34,7 +34,7 @@ def test_recreated_pod_gets_the_files_again(emu: Any, make_env: Any, tmp_path: P
     src = tmp_path / "w"
     src.mkdir()
     (src / "f").write_text("data\n")
-    env = make_env(sync=({"host": str(src), "remote": "/srv/w", "upload_only": True},), sync_interval=0)
+    env = make_env(sync=({"host": str(src), "remote": "/srv/w", "upload_only": True},), sync_interval_s=0)
     assert env.execute("cat /srv/w/f").output == "data\n"
     first = env.pod_name
     emu.delete_pod("default", first, 0)

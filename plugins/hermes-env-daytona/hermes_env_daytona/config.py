@@ -11,6 +11,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from hermes_env_core.config import MemorySize, memory_bytes
 from hermes_env_core.environment.options import EnvironmentConfig
 from hermes_env_core.sync.filters import DEFAULT_EXCLUDES
 
@@ -36,6 +37,11 @@ class DaytonaSyncMount(BaseModel):
     upload_only: bool = Field(False, description="Push only; never pull the sandbox's changes back.")
 
 
+def memory_gib(size: str) -> int:
+    """A ``memory`` option in whole GiB, as Daytona takes it (rounded up)."""
+    return -(-memory_bytes(size) // (1 << 30))
+
+
 class DaytonaConfig(EnvironmentConfig):
     """Options of the ``daytona`` backend. Unknown keys are rejected."""
 
@@ -49,7 +55,9 @@ class DaytonaConfig(EnvironmentConfig):
     image: str | None = Field(None, description="Create from this image (e.g. 'python:3.12-slim').")
     snapshot: str | None = Field(None, description="Create from this snapshot (default: Daytona's default).")
     cpu: int | None = Field(None, ge=1, description="vCPUs (image sandboxes only), capped at max_cpu.")
-    memory: int | None = Field(None, ge=1, description="Memory in GiB (image sandboxes only), capped at max_memory.")
+    memory: MemorySize | None = Field(
+        None, description="Memory such as '2g' (image sandboxes only; whole GiB, rounded up), capped at max_memory."
+    )
     disk: int | None = Field(None, ge=1, description="Disk in GiB (image sandboxes only), capped at max_disk.")
     max_cpu: int = Field(SERVICE_MAX_CPU, ge=1, description="Cap on cpu: the organisation's per-sandbox limit.")
     max_memory: int = Field(SERVICE_MAX_MEMORY_GIB, ge=1, description="Cap on memory (GiB).")
@@ -63,8 +71,8 @@ class DaytonaConfig(EnvironmentConfig):
     start_timeout: float = Field(120.0, gt=0, description="Seconds to wait for a sandbox to start or stop.")
 
     sync: tuple[DaytonaSyncMount, ...] = Field((), description="Host paths pushed before each command.")
-    sync_interval: float = Field(5.0, ge=0, description="Seconds between two checks of the host trees.")
-    pull_on_cleanup: bool = Field(True, description="Pull the sandbox's changes back in cleanup().")
+    sync_interval_s: float = Field(5.0, ge=0, description="Seconds between two checks of the host trees.")
+    pull_on_close: bool = Field(True, description="Pull the sandbox's changes back at close.")
 
     @model_validator(mode="after")
     def _check(self) -> DaytonaConfig:

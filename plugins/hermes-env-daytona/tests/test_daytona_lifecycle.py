@@ -38,7 +38,7 @@ def test_sandbox_name_option(emu, make_env):
 
 
 def test_image_and_capped_resources(emu, make_env):
-    env = make_env(image="python:3.12-slim", cpu=16, memory=2, disk=50)
+    env = make_env(image="python:3.12-slim", cpu=16, memory="2g", disk=50)
     r = env.execute("true")
     record = _only(emu)
     assert "FROM python:3.12-slim" in record.dockerfile
@@ -105,7 +105,9 @@ def test_sandbox_stopped_between_commands_is_started_again(emu, make_env, events
     assert any("restarted stopped sandbox" in n for n in r.notes)
 
 
-def test_sandbox_deleted_behind_our_back_is_recreated_with_the_session(emu, make_env):
+@pytest.mark.parametrize("events", [True, False], ids=["state events", "no state events"])
+def test_sandbox_deleted_behind_our_back_is_recreated_with_the_session(emu, make_env, events):
+    emu.events.enabled = events  # without them the SDK's cached state still says 'started'
     env = make_env()
     # /tmp: the emulator gives every sandbox its own home path, a real service the same one.
     env.execute("export HERMES_T_KEEP=yes; cd /tmp")

@@ -33,7 +33,7 @@ def project(tmp_path):
 
 
 def test_push_before_the_first_command(emu, make_env, project):
-    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval=0)
+    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval_s=0)
     r = env.execute("cat project/src/pkg/mod.py; project/run.sh; readlink project/link; ls project")
     assert r.output == "print('hi')\nrun\nrun.sh\nblob.bin\nlink\nrun.sh\nsrc\n"
     (record,) = emu.sandboxes.values()
@@ -46,7 +46,7 @@ def test_push_before_the_first_command(emu, make_env, project):
 
 
 def test_changes_and_deletions_follow(emu, make_env, project):
-    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval=0)
+    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval_s=0)
     env.execute("true")
     (project / "src" / "pkg" / "mod.py").write_text("print('changed')\n")
     (project / "blob.bin").unlink()
@@ -125,7 +125,7 @@ def test_transport_download_of_a_missing_path_is_none(make_env):
 
 
 def test_commands_do_not_queue_behind_an_upload(make_env, project):
-    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval=0)
+    env = make_env(sync=[{"host": str(project), "remote": "project"}], sync_interval_s=0)
     env.execute("true")
     transport = env.sync_engine.transport
     entered, release = threading.Event(), threading.Event()
@@ -157,7 +157,7 @@ def test_a_recreated_sandbox_gets_every_file_again(emu, make_env, project, task_
 
     # Absolute paths: the emulator gives every sandbox its own home path, a real service the same one.
     target = f"/tmp/hermes-sync-{task_id}"
-    env = make_env(sync=[{"host": str(project), "remote": target}], sync_interval=0)
+    env = make_env(sync=[{"host": str(project), "remote": target}], sync_interval_s=0)
     try:
         env.execute("cd /tmp")
         old = env.sandbox.id

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from hermes_env_core.config import MemorySize, memory_bytes
 from hermes_env_core.environment.options import EnvironmentConfig
 from hermes_env_core.errors import ConfigError
 
@@ -28,11 +29,19 @@ __all__ = [
     "ModalConfig",
     "SyncMappingConfig",
     "default_snapshot_store",
+    "gateway_auth_file",
+    "gateway_url",
     "modal_credentials_source",
     "resolve_mode",
 ]
 
 Mode = Literal["direct", "managed", "auto"]
+
+#: Modal's longest sandbox life (Sandbox.create docs: timeout up to 24 hours).
+MAX_SANDBOX_TIMEOUT_S = 24 * 3600
+#: Where the seed system's managed gateway lives unless told otherwise
+#: (hermes-agent tools/managed_tool_gateway.py: build_vendor_gateway_url).
+DEFAULT_GATEWAY_DOMAIN = "nousresearch.com"
 
 
 class SyncMappingConfig(BaseModel):
@@ -45,6 +54,11 @@ class SyncMappingConfig(BaseModel):
     include: tuple[str, ...] = Field((), description="Globs to include (default: everything).")
     exclude: tuple[str, ...] | None = Field(None, description="Globs to exclude (default: .git, node_modules, ...).")
     upload_only: bool = Field(False, description="Pushed but never pulled back (credentials).")
+
+
+def memory_mib(size: str) -> int:
+    """A ``memory`` option in MiB, as Modal takes it (rounded up)."""
+    return -(-memory_bytes(size) // (1 << 20))
 
 
 class ModalConfig(EnvironmentConfig):
@@ -66,12 +80,23 @@ class ModalConfig(EnvironmentConfig):
     image_id: str | None = Field(None, description="An existing Modal image id (im-...); wins over image.")
     workdir: str | None = Field(None, description="Working directory the sandbox starts in.")
     cpu: float | None = Field(None, gt=0, description="CPU cores requested.")
-    memory: int | None = Field(None, gt=0, description="Memory requested, MiB.")
+    memory: MemorySize | None = Field(None, description="Memory requested, such as '2g' or '512m'.")
     region: str | None = Field(None, description="Region to run the sandbox in.")
     block_network: bool = Field(False, description="Cut the sandbox off from the network.")
-    sandbox_timeout: int = Field(3600, gt=0, description="Longest life of one sandbox, seconds.")
+    sandbox_timeout: int = Field(
+        3600, gt=0, le=MAX_SANDBOX_TIMEOUT_S, description="Longest life of one sandbox, seconds (Modal's limit: 24 h)."
+    )
     idle_timeout: int | None = Field(None, gt=0, description="Seconds idle before Modal ends the sandbox.")
-    startup_timeout: float = Field(180.0, gt=0, description="Seconds to connect and create the sandbox.")
+    start_timeout: float = Field(
+        600.0, gt=0, description="Seconds to connect and create the sandbox (a first image build takes minutes)."
+    )
+    image_check_timeout: float = Field(
+        120.0, gt=0, description="Seconds for the first command in a new sandbox (the image check) to answer."
+    )
+    snapshot_timeout: int = Field(120, gt=0, description="Seconds snapshot_filesystem may take at close.")
+    snapshot_ttl: int | None = Field(
+        30 * 24 * 3600, gt=0, description="Seconds Modal keeps a snapshot (Modal's default: 30 days; None: for ever)."
+    )
     recreate: bool = Field(True, description="Start a new sandbox when the old one ended (timeout, terminate).")
     state_dir: str | None = Field(None, description="Sandbox directory for session files (default /dev/shm, else /tmp).")
 
@@ -81,15 +106,26 @@ class ModalConfig(EnvironmentConfig):
 
     # -- file sync -------------------------------------------------------------------
     sync: tuple[SyncMappingConfig, ...] = Field((), description="Host paths pushed before each command.")
-    sync_interval: float = Field(5.0, ge=0, description="Seconds between change checks of the synced trees.")
+    sync_interval_s: float = Field(5.0, ge=0, description="Seconds between change checks of the synced trees.")
     pull_on_close: bool = Field(True, description="Bring the sandbox's changes back at close.")
     credential_files: tuple[str, ...] = Field(
         (), description="Host files copied into the sandbox, never pulled back (direct mode only)."
     )
 
     # -- managed -------------------------------------------------------------------
-    gateway_url: str | None = Field(None, description="Base URL of the managed gateway, e.g. https://gw.example.")
-    gateway_token: SecretStr | None = Field(None, description="Bearer token for the gateway.")
+    gateway_url: str | None = Field(
+        None,
+        description="Base URL of the managed gateway (else MODAL_GATEWAY_URL, else "
+        "TOOL_GATEWAY_SCHEME://modal-gateway.TOOL_GATEWAY_DOMAIN, default https://modal-gateway.nousresearch.com).",
+    )
+    gateway_token: SecretStr | None = Field(
+        None, description="Bearer token for the gateway (else TOOL_GATEWAY_USER_TOKEN, else gateway_auth_file)."
+    )
+    gateway_auth_file: str | None = Field(
+        None,
+        description="JSON auth store holding providers.nous.access_token/expires_at, re-read when the token "
+        "expires (default $HERMES_HOME/auth.json, HERMES_HOME defaulting to ~/.hermes).",
+    )
     connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect to the gateway.")
     read_timeout: float = Field(60.0, gt=0, description="Seconds to wait for one gateway response.")
     gateway_retries: int = Field(3, ge=0, description="Retries of a failed gateway call (same idempotency key).")
@@ -165,9 +201,51 @@ def modal_credentials_source(config: ModalConfig, environ: Mapping[str, str] | N
     return None
 
 
+def gateway_url(config: ModalConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The managed gateway's base URL, found as the seed system finds it.
+
+    The ``gateway_url`` option, else ``MODAL_GATEWAY_URL``, else
+    ``$TOOL_GATEWAY_SCHEME://modal-gateway.$TOOL_GATEWAY_DOMAIN`` (https and
+    nousresearch.com by default) -- hermes-agent's
+    ``tools/managed_tool_gateway.py`` (``build_vendor_gateway_url("modal")``).
+    """
+    env = os.environ if environ is None else environ
+    if config.gateway_url:
+        return config.gateway_url
+    explicit = env.get("MODAL_GATEWAY_URL", "").strip().rstrip("/")
+    if explicit:
+        if not explicit.startswith(("http://", "https://")):
+            raise ConfigError(f"modal: MODAL_GATEWAY_URL must start with http:// or https://, got {explicit!r}")
+        return explicit
+    scheme = env.get("TOOL_GATEWAY_SCHEME", "").strip().lower() or "https"
+    if scheme not in ("http", "https"):
+        raise ConfigError(f"modal: TOOL_GATEWAY_SCHEME must be 'http' or 'https', got {scheme!r}")
+    domain = env.get("TOOL_GATEWAY_DOMAIN", "").strip().strip("/") or DEFAULT_GATEWAY_DOMAIN
+    return f"{scheme}://modal-gateway.{domain}"
+
+
+def gateway_auth_file(config: ModalConfig, environ: Mapping[str, str] | None = None) -> Path:
+    """The auth store a gateway token is read from: the option, else ``$HERMES_HOME/auth.json``."""
+    env = os.environ if environ is None else environ
+    if config.gateway_auth_file:
+        return Path(config.gateway_auth_file).expanduser()
+    home = env.get("HERMES_HOME") or os.path.join(os.path.expanduser("~"), ".hermes")
+    return Path(home).expanduser() / "auth.json"
+
+
+def explicit_gateway_token(config: ModalConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """A gateway token given outright: the option, else ``TOOL_GATEWAY_USER_TOKEN``."""
+    env = os.environ if environ is None else environ
+    if config.gateway_token is not None:
+        return config.gateway_token.get_secret_value()
+    token = env.get("TOOL_GATEWAY_USER_TOKEN", "").strip()
+    return token or None
+
+
 _HOW_TO_FIX = (
-    "Either use a managed gateway: set gateway_url and gateway_token (options of the modal backend, "
-    "e.g. TERMINAL_GATEWAY_URL / TERMINAL_GATEWAY_TOKEN, or [terminal.modal] in hermes-env.toml); "
+    "Either use a managed gateway: set gateway_token (an option of the modal backend, e.g. "
+    "TERMINAL_GATEWAY_TOKEN or [terminal.modal] in hermes-env.toml, or TOOL_GATEWAY_USER_TOKEN) and, "
+    "unless it is the default one, gateway_url (or MODAL_GATEWAY_URL); "
     "or give this machine Modal credentials: run `modal token new` (writes ~/.modal.toml), or set "
     "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET."
 )
@@ -177,7 +255,7 @@ def resolve_mode(config: ModalConfig, environ: Mapping[str, str] | None = None) 
     """The mode ``config`` selects; ``auto`` is decided here. Raises ``ConfigError``."""
     mode = config.mode
     if mode == "auto":
-        if config.gateway_token is not None:
+        if explicit_gateway_token(config, environ) is not None:
             mode = "managed"
         elif modal_credentials_source(config, environ) is not None:
             mode = "direct"
@@ -186,12 +264,15 @@ def resolve_mode(config: ModalConfig, environ: Mapping[str, str] | None = None) 
                 "modal: mode 'auto' found neither a gateway token nor Modal credentials. " + _HOW_TO_FIX
             )
     if mode == "managed":
-        missing = [n for n in ("gateway_url", "gateway_token") if getattr(config, n) is None]
-        if missing:
-            raise ConfigError(
-                f"modal: managed mode needs {' and '.join(missing)} "
-                "(the gateway's base URL and its bearer token)"
-            )
+        gateway_url(config, environ)  # raises on a malformed variable
+        if explicit_gateway_token(config, environ) is None:
+            store = gateway_auth_file(config, environ)
+            if not store.is_file():
+                raise ConfigError(
+                    "modal: managed mode needs a gateway token: set the gateway_token option "
+                    "(TERMINAL_GATEWAY_TOKEN), or TOOL_GATEWAY_USER_TOKEN, or log in so that "
+                    f"{store} holds providers.nous.access_token"
+                )
     return mode  # type: ignore[return-value]
 
 

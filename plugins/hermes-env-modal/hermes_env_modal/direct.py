@@ -11,8 +11,8 @@ import asyncio
 import concurrent.futures
 import logging
 import secrets
-import shlex
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.handles import ProcessHandle
@@ -26,10 +26,12 @@ from hermes_env_core.errors import (
     SyncError,
 )
 
+from ._image import CHECK_SCRIPT, parse_check, requirement_message
+from ._kill import exec_head, find_pids_script, parse_pids
 from ._loop import EventLoopThread
 from ._process import OutputBridge, SandboxProcess, pump, write_stdin
 from .backend import ModalEnvironment
-from .config import ModalConfig, credentials_missing_message, default_snapshot_store
+from .config import ModalConfig, credentials_missing_message, default_snapshot_store, memory_mib
 from .snapshots import SnapshotStore
 
 if TYPE_CHECKING:
@@ -43,16 +45,6 @@ log = logging.getLogger(__name__)
 # kernel one argv string over 128 KiB); longer scripts travel on stdin.
 _ARG_LIMIT = 60_000
 _CALL_S = 120.0  # bound on one SDK call that should answer at once (exec start, kill, terminate)
-# Reads a pidfile and checks that the pid is still the bash of this exec (its
-# command line carries the token); else finds that bash by the token. The
-# pattern is split in two so that this script's own command line never matches.
-_FIND_PIDS = r"""t1=hermes-exec: t2=%(token)s
-mine() { local -a a; mapfile -d '' a <"/proc/$1/cmdline" 2>/dev/null || return 1; [[ "${a[*]}" == *"$t1$t2"* ]]; }
-p=; IFS= read -r p <%(pidfile)s 2>/dev/null
-if [[ $p =~ ^[0-9]+$ ]] && mine "$p"; then echo "$p"; exit 0; fi
-for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" = "$$" ] && continue; mine "$q" && echo "$q"; done
-exit 0
-"""
 
 
 def _import_sdk() -> Any:
@@ -91,15 +83,15 @@ class DirectModalEnvironment(ModalEnvironment):
         try:
             self._modal, self._stream_type = _import_sdk()
             token_id, token_secret = self._credentials()
-            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.startup_timeout)
-            self._state = cfg.state_dir or self._probe_state_dir()
+            self._loop.run(self._connect(token_id, token_secret), timeout=cfg.start_timeout)
             mappings = cfg.sync_mappings()
+            self._check_image(needs_tar=bool(mappings))
             if mappings:
                 from hermes_env_core.sync import SyncEngine
 
                 from .sync import ModalSyncTransport
 
-                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval)
+                self._sync = SyncEngine(ModalSyncTransport(self), mappings, interval=cfg.sync_interval_s)
         except BaseException as exc:
             self._teardown(snapshot=False, errors=[])
             raise self._translate(exc, "could not start a sandbox") from exc
@@ -119,7 +111,7 @@ class DirectModalEnvironment(ModalEnvironment):
     def sync_engine(self) -> SyncEngine | None:
         return self._sync
 
-    def pull(self) -> PullResult | None:
+    def pull_files(self) -> PullResult | None:
         """Bring the sandbox's changes to the synced trees back to the host now."""
         return self._sync.pull() if self._sync is not None else None
 
@@ -156,10 +148,12 @@ class DirectModalEnvironment(ModalEnvironment):
             "client": self._client,
             "timeout": cfg.sandbox_timeout,
         }
-        for key in ("workdir", "cpu", "memory", "region", "idle_timeout"):
+        for key in ("workdir", "cpu", "region", "idle_timeout"):
             value = getattr(cfg, key)
             if value is not None:
                 kwargs[key] = value
+        if cfg.memory is not None:
+            kwargs["memory"] = memory_mib(cfg.memory)
         if cfg.block_network:
             kwargs["block_network"] = True
         if cfg.env:
@@ -167,6 +161,13 @@ class DirectModalEnvironment(ModalEnvironment):
         base, base_name = self._base_image()
         self._restored_from = None
         record = self._store.get(self._store_key) if (restore and self._store is not None) else None
+        if record is not None and record.expired():
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(record.expires_at))
+            self._note(
+                f"modal: snapshot {record.image_id} of task {self.task_id!r} expired at {when} "
+                f"(Modal keeps a snapshot for its ttl); started from the base image {base_name} instead"
+            )
+            record = None
         if record is not None:
             try:
                 image = modal.Image.from_id(record.image_id, client=self._client)
@@ -184,11 +185,26 @@ class DirectModalEnvironment(ModalEnvironment):
                 return sandbox
         return await modal.Sandbox.create.aio(image=base, **kwargs)
 
-    def _probe_state_dir(self) -> str:
-        # The session writes and reads back a small state file per command:
-        # on a memory-backed directory that costs a fraction of a disk's.
-        code, out, _ = self.run_script('[ -d /dev/shm ] && [ -w /dev/shm ] && [ -x /dev/shm ] && echo shm', shell="sh")
-        return "/dev/shm" if code == 0 and out.strip() == b"shm" else "/tmp"
+    def _check_image(self, *, needs_tar: bool) -> None:
+        """Refuse an image hermes-env cannot work in, with what it lacks; pick the state directory."""
+        cfg = self._cfg
+        image = cfg.image_id or cfg.image or "debian_slim"
+        try:
+            code, out, err = self.run_script(CHECK_SCRIPT, shell="sh", timeout=cfg.image_check_timeout)
+        except EnvironmentUnavailable as exc:
+            raise EnvironmentUnavailable(f"{exc} (checking the image {image}; is sh in it?)") from exc
+        facts = parse_check(out.decode("utf-8", "replace"))
+        if facts is None:
+            raise EnvironmentUnavailable(
+                f"modal: the image check could not run in image {image} (exit {code}): "
+                f"{(out + err).decode('utf-8', 'replace')[-300:]!r}; an image needs sh, bash >= 4.4 and /proc"
+            )
+        problems = facts.problems(needs_tar=needs_tar)
+        if problems:
+            raise ConfigError(requirement_message(image, problems))
+        for warning in facts.warnings(needs_tar=needs_tar):
+            log.info("modal: image %s has %s", image, warning)
+        self._state = cfg.state_dir or ("/dev/shm" if facts.shm else "/tmp")
 
     def _state_dir(self) -> str:
         return self._state
@@ -198,7 +214,7 @@ class DirectModalEnvironment(ModalEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         token = secrets.token_hex(8)
-        head = f": hermes-exec:{token}; "
+        head = exec_head(token)
         argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
         body = script.encode("utf-8", "surrogateescape")
         upload: bytes | None = None
@@ -262,7 +278,11 @@ class DirectModalEnvironment(ModalEnvironment):
         """Whether ``exc`` says the sandbox itself is gone (timed out, terminated)."""
         if not self._cfg.recreate or sandbox is None:
             return False
-        if not isinstance(exc, (self._modal.exception.NotFoundError, self._modal.exception.SandboxTerminatedError)):
+        mex = self._modal.exception
+        # NotFoundError: the router's answer for a finished task. ServiceError and
+        # ConnectionError: what the SDK raises when its retries run out -- a
+        # sandbox that died with its worker looks like that; poll() tells.
+        if not isinstance(exc, (mex.NotFoundError, mex.SandboxTerminatedError, mex.ServiceError, mex.ConnectionError)):
             return False
         try:
             return self._loop.run(sandbox.poll.aio(), timeout=_CALL_S) is not None
@@ -275,13 +295,13 @@ class DirectModalEnvironment(ModalEnvironment):
                 return  # another thread already replaced it
             old = dead.object_id
             try:
-                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.startup_timeout)
+                self._sandbox = self._loop.run(self._create_sandbox(restore=True), timeout=self._cfg.start_timeout)
             except Exception as exc:
                 raise self._translate(exc, f"sandbox {old} has ended and a new one could not be started") from exc
             if self._sync is not None:
                 self._sync.reset()
             self._note(
-                f"modal: sandbox {old} had ended (timeout or terminated); continuing in a new sandbox "
+                f"modal: sandbox {old} had ended (timeout, idle_timeout or terminated); continuing in a new sandbox "
                 f"{self._sandbox.object_id}: files written since the last snapshot are gone, the shell state is kept"
             )
 
@@ -312,14 +332,15 @@ class DirectModalEnvironment(ModalEnvironment):
             self.run_script("".join(kill_tree_script(p, sig) for p in handle.pids))
 
     def _find_pids(self, pidfile: str | None, token: str) -> tuple[int, ...]:
-        script = _FIND_PIDS % {"token": token, "pidfile": shlex.quote(pidfile or "/nonexistent")}
-        _, out, _ = self.run_script(script)
-        return tuple(int(x) for x in out.split() if x.isdigit())
+        _, out, _ = self.run_script(find_pids_script(token, pidfile))
+        return parse_pids(out)
 
-    def run_script(self, script: str, stdin: bytes | None = None, *, shell: str = "bash") -> tuple[int, bytes, bytes]:
+    def run_script(
+        self, script: str, stdin: bytes | None = None, *, shell: str = "bash", timeout: float = _CALL_S
+    ) -> tuple[int, bytes, bytes]:
         """Run ``script`` in the sandbox outside the session: (exit code, stdout, stderr)."""
         try:
-            return self._loop.run(self._collect([shell, "-c", script], stdin), timeout=_CALL_S)
+            return self._loop.run(self._collect([shell, "-c", script], stdin), timeout=timeout)
         except HermesEnvError:
             raise
         except Exception as exc:
@@ -373,12 +394,17 @@ class DirectModalEnvironment(ModalEnvironment):
             if sandbox is not None and self._loop.running:
                 if snapshot and self._store is not None:
                     try:
-                        image = self._loop.run(sandbox.snapshot_filesystem.aio(), timeout=_CALL_S)
+                        cfg = self._cfg
+                        image = self._loop.run(
+                            sandbox.snapshot_filesystem.aio(timeout=cfg.snapshot_timeout, ttl=cfg.snapshot_ttl),
+                            timeout=cfg.snapshot_timeout + 30.0,
+                        )
                         self._store.put(
                             self._store_key,
                             image.object_id,
                             sandbox_id=sandbox.object_id,
-                            base_image=self._cfg.image_id or self._cfg.image or "debian_slim",
+                            base_image=cfg.image_id or cfg.image or "debian_slim",
+                            ttl=cfg.snapshot_ttl,
                         )
                     except Exception as exc:  # noqa: BLE001
                         errors.append(BackendError(f"modal: snapshot of sandbox {sandbox.object_id} failed: {exc}"))

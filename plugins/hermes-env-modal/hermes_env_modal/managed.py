@@ -1,49 +1,111 @@
-"""Managed mode: a gateway that holds the Modal credentials runs the commands.
+"""Managed mode: the seed system's Modal gateway holds the Modal credentials and
+runs each command in a sandbox it owns (contract in ``gateway.py``).
 
-The gateway keeps the shell session (cwd, variables) server-side, so this
-class has its own ``execute()``: start the command, long-poll its output into
-the core's bounded capture, and map the outcome onto the same ``ExecResult``
-and exit codes as every other backend (124 timeout, 126 cwd, 130 cancelled).
+Every command is the core's wrapped bash script sent as one exec, so the
+session semantics (state capture and restore, cwd, exit codes) are the same as
+on every other backend; timeout and cancel kill the command's process tree
+with a second exec and cancel the exec at the gateway.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import secrets
+import shlex
 import threading
 import time
-from collections.abc import Callable
+import uuid
 from typing import Any
 
-from hermes_env_core.environment.handles import ProcessHandle
-from hermes_env_core.environment.output import OutputCapture
-from hermes_env_core.environment.result import EXIT_CANCELLED, EXIT_TIMEOUT, ExecResult
+from hermes_env_core.environment.handles import ProcessHandle, ThreadedProcessHandle, Writer
+from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
 from hermes_env_core.errors import (
+    BackendError,
     ConfigError,
-    EnvironmentClosedError,
     EnvironmentUnavailable,
+    HermesEnvError,
     UnsupportedOperation,
 )
 
+from ._image import CHECK_SCRIPT, parse_check, requirement_message
+from ._kill import exec_head, find_pids_script, parse_pids
 from .backend import ModalEnvironment
-from .config import ModalConfig, default_snapshot_store
-from .gateway import GatewayClient, SandboxEndedError
-from .snapshots import SnapshotStore
+from .config import ModalConfig, explicit_gateway_token, gateway_auth_file, gateway_url, memory_mib
+from .gateway import FINAL_STATUSES, GatewayClient, SandboxGoneError, TokenSource
 
 __all__ = ["ManagedModalEnvironment"]
 
 log = logging.getLogger(__name__)
 
-_CANCEL_POLL_S = 0.25  # longest a poll holds while a cancel may come
-_GIVE_UP_S = 10.0  # after asking the gateway to stop a command, how long to wait for it
+# hermes-agent polls every 0.25 s (modal_utils: _poll_interval_seconds); we
+# start faster so that a quick command returns quickly, then settle there.
+_POLL_FIRST_S = 0.02
+_POLL_MAX_S = 0.25
+# Defaults hermes-agent's client sends when it is told nothing
+# (managed_modal._create_sandbox: cpu 1, memoryMiB 5120, idle at least 300 s; cwd /root).
+_DEFAULT_CPU = 1
+_DEFAULT_MEMORY_MIB = 5120
+_DEFAULT_IDLE_S = 300
+_DEFAULT_CWD = "/root"
+_DEFAULT_IMAGE = "debian:bookworm-slim"
+_HELPER_S = 120.0  # bound on a helper exec (kill, image check)
+# Longer scripts travel as the exec's stdinData: the gateway runs commands in
+# Modal, whose SDK refuses exec arguments over 2**16 characters.
+_ARG_LIMIT = 60_000
 
 
-class _GatewaySession:
-    """What the base class's ``session`` offers callers, for a session kept server-side."""
+class GatewayProcess(ThreadedProcessHandle):
+    """One gateway exec seen as a process: polled until its status is final."""
 
-    def __init__(self) -> None:
-        self.cwd: str | None = None
-        self.state = None
+    def __init__(self, env: ManagedModalEnvironment, sandbox_id: str, exec_id: str, first: dict[str, Any], token: str):
+        self.token = token
+        self.exec_id = exec_id
+        self.sandbox_id = sandbox_id
+        self.pids: tuple[int, ...] = ()
+        self._env = env
+        self._first = first
+        self._stop = threading.Event()
+        super().__init__(self._follow, on_kill=self._cancel, name=f"hermes-env-modal-gw-{exec_id[:8]}")
+
+    def _follow(self, write: Writer) -> int:
+        api = self._env.api
+        state, written, interval = self._first, "", _POLL_FIRST_S
+        while True:
+            # A poll of a running exec may carry the output so far (not public,
+            # see the README); the final answer carries all of it.
+            out = state.get("output")
+            if isinstance(out, str) and len(out) > len(written):
+                if out.startswith(written):
+                    write(out[len(written) :].encode("utf-8", "surrogateescape"))
+                else:
+                    log.warning("modal gateway: exec %s output changed under us; keeping what was read", self.exec_id)
+                written = out
+            status = state.get("status")
+            if status in FINAL_STATUSES:
+                return self._code(status, state.get("returncode"))
+            self._stop.wait(interval)
+            interval = min(_POLL_MAX_S, interval * 2)
+            state = api.poll_exec(self.sandbox_id, self.exec_id)
+
+    def _code(self, status: str, code: object) -> int:
+        if status == "cancelled" and not self.killed:
+            raise BackendError(f"modal gateway: exec {self.exec_id} was cancelled by the gateway")
+        if status == "timeout" and not self.killed:
+            raise BackendError(
+                f"modal gateway: exec {self.exec_id} hit the gateway's own time limit before ours; its result is unknown"
+            )
+        if isinstance(code, bool) or not isinstance(code, int):
+            if self.killed:
+                return 137  # killed on our request; the base class reports 124/130
+            raise BackendError(f"modal gateway: exec {self.exec_id} ended ({status}) without a returncode")
+        return code
+
+    def _cancel(self) -> None:
+        try:
+            self._env.api.cancel_exec(self.sandbox_id, self.exec_id)
+        except HermesEnvError as exc:
+            log.warning("modal gateway: cancel of %s failed: %s", self.exec_id, exc)
 
 
 class ManagedModalEnvironment(ModalEnvironment):
@@ -51,6 +113,7 @@ class ManagedModalEnvironment(ModalEnvironment):
 
     mode = "managed"
     config_model = ModalConfig
+    stdin_mode = "payload"  # the gateway's exec takes stdin as stdinData
 
     def __init__(self, config: ModalConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -64,210 +127,205 @@ class ManagedModalEnvironment(ModalEnvironment):
             )
         if cfg.sync:
             raise ConfigError(
-                "modal: file sync is not offered by the managed gateway (API v1); remove the sync option "
-                "or use mode = 'direct'"
+                "modal: the managed gateway offers no file transfer; remove the sync option or use mode = 'direct'"
             )
-        assert cfg.gateway_url is not None and cfg.gateway_token is not None  # resolve_mode checked
-        self._remote = _GatewaySession()
-        self._store = SnapshotStore(cfg.snapshot_store or default_snapshot_store()) if cfg.persistent else None
-        self._store_key = f"managed:{cfg.gateway_url}:{self.task_id}"
-        self._sb_lock = threading.Lock()
-        self.restored_from: str | None = None
-        self._api = GatewayClient(
-            cfg.gateway_url,
-            cfg.gateway_token.get_secret_value(),
+        token = explicit_gateway_token(cfg)
+        tokens = TokenSource(static=token) if token is not None else TokenSource(auth_file=gateway_auth_file(cfg))
+        self.api = GatewayClient(
+            gateway_url(cfg),
+            tokens,
             connect_timeout=cfg.connect_timeout,
             read_timeout=cfg.read_timeout,
             retries=cfg.gateway_retries,
         )
+        self._cwd0 = cfg.workdir or _DEFAULT_CWD
+        self._state = "/tmp"
+        self._sb_lock = threading.Lock()
+        self._sandbox_id: str | None = None
         try:
-            self._sandbox_id: str | None = self._create()
+            self._sandbox_id = self._create()
+            self._check_image()
         except BaseException:
-            self._api.close()
+            self._release()
             raise
 
     @property
     def sandbox_id(self) -> str | None:
         return self._sandbox_id
 
-    @property
-    def session(self) -> _GatewaySession:  # type: ignore[override]
-        return self._remote
-
-    # -- sandbox lifecycle ---------------------------------------------------------
-    def _create(self) -> str:
+    # -- sandbox life ----------------------------------------------------------------
+    def _create_body(self) -> dict[str, Any]:
         cfg = self._cfg
-        record = self._store.get(self._store_key) if self._store is not None else None
-        body = {
-            "task_id": self.task_id,
-            "app_name": cfg.app_name,
-            "image": cfg.image,
-            "image_id": cfg.image_id,
-            "restore_image_id": record.image_id if record else None,
-            "workdir": cfg.workdir,
-            "cwd": cfg.cwd,
-            "cpu": cfg.cpu,
-            "memory": cfg.memory,
-            "region": cfg.region,
-            "block_network": cfg.block_network,
-            "timeout_s": cfg.sandbox_timeout,
-            "idle_timeout_s": cfg.idle_timeout,
-            "env": dict(cfg.env),
-            "session_exclude_prefixes": list(cfg.session_exclude_prefixes),
+        idle = cfg.idle_timeout if cfg.idle_timeout is not None else _DEFAULT_IDLE_S
+        return {
+            "image": cfg.image or _DEFAULT_IMAGE,
+            "cwd": self._cwd0,
+            "cpu": cfg.cpu if cfg.cpu is not None else _DEFAULT_CPU,
+            "memoryMiB": memory_mib(cfg.memory) if cfg.memory is not None else _DEFAULT_MEMORY_MIB,
+            "timeoutMs": cfg.sandbox_timeout * 1000,
+            "idleTimeoutMs": idle * 1000,
+            "persistentFilesystem": cfg.persistent,
+            "logicalKey": self.task_id,
         }
-        resp = self._api.create_sandbox(body)
-        sandbox_id = resp.get("sandbox_id")
-        if not isinstance(sandbox_id, str) or not sandbox_id:
-            raise EnvironmentUnavailable(f"modal gateway: create answered without a sandbox_id: {resp!r:.200}")
-        self.restored_from = resp.get("restored_from")
-        if record is not None and resp.get("restore_error"):
-            self._note(
-                f"modal: could not restore snapshot {record.image_id} of task {self.task_id!r} "
-                f"({resp['restore_error']}); started from the base image instead"
+
+    def _create(self) -> str:
+        # One key per sandbox we mean to create: a retry after a lost answer gets the same sandbox.
+        return self.api.create_sandbox(self._create_body(), key=str(uuid.uuid4()))
+
+    def _check_image(self) -> None:
+        code, out = self._helper(CHECK_SCRIPT, shell="sh", timeout=self._cfg.image_check_timeout)
+        facts = parse_check(out)
+        if facts is None:
+            raise EnvironmentUnavailable(
+                f"modal gateway: the image check did not run in sandbox {self._sandbox_id} "
+                f"(exit {code}): {out[-300:]!r}; the image needs sh, bash >= 4.4 and /proc"
             )
-        if resp.get("cwd"):
-            self._remote.cwd = resp["cwd"]
-        return sandbox_id
+        problems = facts.problems(needs_tar=False)
+        if problems:
+            raise ConfigError(requirement_message(self._cfg.image or _DEFAULT_IMAGE, problems))
+        self._state = self._cfg.state_dir or ("/dev/shm" if facts.shm else "/tmp")
 
     def _recreate(self, dead: str) -> None:
         with self._sb_lock:
             if self._sandbox_id != dead:
                 return
-            self._sandbox_id = self._create()
-            self._note(
-                f"modal: sandbox {dead} had ended (timeout or terminated); continuing in a new sandbox "
-                f"{self._sandbox_id}: its files and shell state start afresh"
-            )
-
-    # -- the contract --------------------------------------------------------------
-    def execute(
-        self,
-        command: str,
-        *,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        cancel: threading.Event | None = None,
-        on_output: Callable[[str], None] | None = None,
-    ) -> ExecResult:
-        """Run ``command`` in the gateway's session, as if typed into one long-lived bash."""
-        if self._closed:
-            raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
-        started = time.monotonic()
-        eff_timeout = self.config.timeout if timeout is None else timeout
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        capture = OutputCapture(self.config.max_output_bytes, spill_dir=self.config.spill_dir, on_output=on_output)
-        wait_s = _CANCEL_POLL_S if cancel is not None else self._api.poll_wait_s
-        body = {
-            "command": command,
-            "cwd": cwd,
-            "timeout_s": eff_timeout,
-            "kill_grace_s": self.config.kill_grace_s,
-            "stdin_b64": base64.b64encode(data).decode("ascii") if data is not None else None,
-            "wait_s": min(wait_s, eff_timeout) if eff_timeout else wait_s,
-        }
-        sandbox_id = self._sandbox_id
-        assert sandbox_id is not None
-        try:
-            state = self._api.start_exec(sandbox_id, body)
-        except SandboxEndedError:
-            if not self._cfg.recreate:
-                raise
-            self._recreate(sandbox_id)
-            sandbox_id = self._sandbox_id
-            assert sandbox_id is not None
-            state = self._api.start_exec(sandbox_id, body)
-        exec_id = state.get("exec_id")
-        if not isinstance(exec_id, str):
-            raise EnvironmentUnavailable(f"modal gateway: start answered without an exec_id: {state!r:.200}")
-        # The gateway enforces the timeout; ours is the fallback when it does not.
-        deadline = started + eff_timeout + self.config.kill_grace_s + 5.0 if eff_timeout else None
-        reason: str | None = None
-        stop_asked: float | None = None
-        offset = 0
-        while True:
-            offset = self._take_output(state, offset, capture)
-            if state.get("done"):
-                break
-            now = time.monotonic()
-            if reason is None:
-                if cancel is not None and cancel.is_set():
-                    reason = "cancel"
-                elif deadline is not None and now >= deadline:
-                    reason = "timeout"
-                if reason is not None:
-                    self._api.cancel_exec(sandbox_id, exec_id)
-                    stop_asked = now
-            elif stop_asked is not None and now - stop_asked > _GIVE_UP_S:
-                log.warning("modal gateway: exec %s still running %gs after cancel", exec_id, _GIVE_UP_S)
-                break
-            wait = _CANCEL_POLL_S if (cancel is not None or reason is not None) else self._api.poll_wait_s
-            if deadline is not None and reason is None:
-                wait = max(0.0, min(wait, deadline - now))
-            state = self._api.poll_exec(sandbox_id, exec_id, offset=offset, wait_s=wait)
-        cap = capture.finish()
-        notes = self._take_notes()
-        notes.extend(str(n) for n in state.get("notes") or ())
-        timed_out = bool(state.get("timed_out")) or reason == "timeout"
-        interrupted = bool(state.get("cancelled")) and not timed_out or reason == "cancel"
-        if timed_out:
-            exit_code = EXIT_TIMEOUT
-            if not any("timed out" in n for n in notes):
-                notes.append(f"command timed out after {eff_timeout:g}s")
-        elif interrupted:
-            exit_code = EXIT_CANCELLED
-        elif state.get("done") and isinstance(state.get("exit_code"), int):
-            exit_code = state["exit_code"]
-        else:
-            raise EnvironmentUnavailable(f"modal gateway: command {exec_id} ended without an exit code")
-        new_cwd = state.get("cwd")
-        if isinstance(new_cwd, str) and new_cwd and cwd is None:
-            self._remote.cwd = new_cwd
-        return ExecResult(
-            output=cap.text,
-            exit_code=exit_code,
-            timed_out=timed_out,
-            interrupted=interrupted and not timed_out,
-            truncated=cap.truncated,
-            cwd=new_cwd if isinstance(new_cwd, str) and new_cwd else self._remote.cwd,
-            duration_s=time.monotonic() - started,
-            output_path=cap.spill_path,
-            dropped_bytes=cap.dropped_bytes,
-            notes=tuple(notes),
+            try:
+                self._sandbox_id = self._create()
+            except HermesEnvError as exc:
+                raise EnvironmentUnavailable(
+                    f"modal gateway: sandbox {dead} has ended and a new one could not be created: {exc}"
+                ) from exc
+        kept = (
+            "the gateway restores the files it snapshotted for this task"
+            if self._cfg.persistent
+            else "files written there are gone"
+        )
+        self._note(
+            f"modal: sandbox {dead} had ended (timeout, idle or terminated); continuing in a new sandbox "
+            f"{self._sandbox_id}: {kept}, the shell state is kept"
         )
 
-    @staticmethod
-    def _take_output(state: dict[str, Any], offset: int, capture: OutputCapture) -> int:
-        chunk = state.get("output_b64") or ""
-        start = int(state.get("offset", offset))
-        data = base64.b64decode(chunk) if chunk else b""
-        if start < offset:  # a replayed answer: skip what we already have
-            data = data[offset - start :]
-        capture.feed(data)
-        return max(offset, int(state.get("next_offset", start + len(data))))
+    def _state_dir(self) -> str:
+        return self._state
+
+    # -- commands --------------------------------------------------------------------
+    def _start(
+        self, command: str, timeout: float | None, stdin: str | None = None
+    ) -> tuple[str, str, dict[str, Any]]:
+        """Start ``command``; (sandbox id, exec id, first answer). Replaces an ended sandbox once."""
+        if timeout:
+            # A backstop only: the base class stops the command first.
+            limit_s = timeout + self.config.kill_grace_s + 30.0
+        else:
+            limit_s = float(self._cfg.sandbox_timeout)
+        for attempt in (1, 2):
+            sandbox_id = self._sandbox_id
+            if sandbox_id is None:
+                raise EnvironmentUnavailable("modal gateway: the environment has no sandbox (closed)")
+            exec_id = str(uuid.uuid4())
+            body: dict[str, Any] = {
+                "execId": exec_id,
+                "command": command,
+                "cwd": self._cwd0,
+                "timeoutMs": int(limit_s * 1000),
+            }
+            if stdin is not None:
+                body["stdinData"] = stdin
+            try:
+                first = self.api.start_exec(sandbox_id, body)
+            except SandboxGoneError:
+                if attempt == 2 or not self._cfg.recreate:
+                    raise
+                self._recreate(sandbox_id)
+                continue
+            answered = first.get("execId")
+            if answered is not None and answered != exec_id:
+                raise BackendError(f"modal gateway: started exec {exec_id} but the answer names {answered!r}")
+            return sandbox_id, exec_id, first
+        raise AssertionError("unreachable")
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        raise UnsupportedOperation("modal managed mode: commands run through the gateway's execute(), not bash -c")
+        token = secrets.token_hex(8)
+        bash = "bash -l -c " if login else "bash -c "
+        feed: bytes | None = None
+        if stdin_data is not None:
+            # stdin (the session's private script, or the command's input) goes as
+            # the exec's stdinData -- never on the command line.
+            if len(script) > _ARG_LIMIT:
+                raise UnsupportedOperation(
+                    "modal gateway: a script over 60 kB together with stdin cannot be sent in one exec"
+                )
+            inner = exec_head(token) + "exec 2>&1; " + script
+            feed = stdin_data
+        elif len(script) <= _ARG_LIMIT:
+            inner = exec_head(token) + "exec </dev/null 2>&1; " + script
+        else:
+            # bash's source reads the whole script (fed as stdin) before running any of it.
+            inner = exec_head(token) + "exec 3<&0 </dev/null 2>&1; builtin source /dev/fd/3"
+            feed = b"exec 3<&-; " + script.encode("utf-8", "surrogateescape")
+        command = "exec " + bash + shlex.quote(inner)
+        stdin: str | None = None
+        if feed is not None:
+            try:
+                stdin = feed.decode("utf-8")
+            except UnicodeDecodeError:
+                # stdinData is JSON text: bytes that are not UTF-8 travel as base64.
+                stdin = base64.b64encode(feed).decode("ascii")
+                command = "base64 -d | " + command
+        sandbox_id, exec_id, first = self._start(command, timeout, stdin)
+        return GatewayProcess(self, sandbox_id, exec_id, first, token)
 
+    def _helper(self, script: str, *, shell: str = "bash", timeout: float = _HELPER_S) -> tuple[int, str]:
+        """Run ``script`` outside the session and wait for it: (returncode, output)."""
+        sandbox_id, exec_id, state = self._start(f"exec {shell} -c {shlex.quote(script)}", timeout)
+        deadline = time.monotonic() + timeout
+        interval = _POLL_FIRST_S
+        while state.get("status") not in FINAL_STATUSES:
+            if time.monotonic() > deadline:
+                self.api.cancel_exec(sandbox_id, exec_id)
+                raise EnvironmentUnavailable(f"modal gateway: a helper command got no answer within {timeout:g}s")
+            time.sleep(interval)
+            interval = min(_POLL_MAX_S, interval * 2)
+            state = self.api.poll_exec(sandbox_id, exec_id)
+        code = state.get("returncode")
+        out = state.get("output")
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise BackendError(f"modal gateway: helper exec {exec_id} ended ({state.get('status')}) without a code")
+        return code, out if isinstance(out, str) else ""
+
+    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
+        if not isinstance(handle, GatewayProcess):
+            handle.kill()
+            return
+        sig = "TERM" if graceful else "KILL"
+        try:
+            if not handle.pids:
+                handle.pids = parse_pids(self._helper(find_pids_script(handle.token, wrapped.pidfile))[1])
+            if handle.pids:
+                self._helper("".join(kill_tree_script(p, sig) for p in handle.pids))
+        except HermesEnvError as exc:
+            log.warning("modal gateway: killing exec %s failed: %s", handle.exec_id, exc)
+        if not graceful:
+            handle.kill()  # and cancel the exec at the gateway
+
+    # -- teardown --------------------------------------------------------------------
     def cleanup(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
         sandbox_id, self._sandbox_id = self._sandbox_id, None
         try:
-            if sandbox_id is None:
-                return
-            try:
-                resp = self._api.terminate(sandbox_id, snapshot=self._store is not None)
-            except SandboxEndedError:
-                return
-            image_id = resp.get("image_id")
-            if self._store is not None:
-                if isinstance(image_id, str) and image_id:
-                    self._store.put(self._store_key, image_id, sandbox_id=sandbox_id, base_image=self._cfg.image)
-                else:
-                    raise EnvironmentUnavailable(
-                        f"modal gateway: snapshot of sandbox {sandbox_id} failed: "
-                        f"{resp.get('snapshot_error') or 'no image id returned'}"
-                    )
+            if sandbox_id is not None:
+                try:
+                    self.api.terminate(sandbox_id, snapshot=self._cfg.persistent)
+                except SandboxGoneError:
+                    pass
+                except HermesEnvError as exc:
+                    if self._cfg.persistent:
+                        raise  # the snapshot this task relies on was not taken
+                    # The gateway ends it at its timeoutMs/idleTimeoutMs anyway.
+                    log.warning("modal gateway: terminating %s failed: %s", sandbox_id, exc)
         finally:
-            self._api.close()
+            self.api.close()

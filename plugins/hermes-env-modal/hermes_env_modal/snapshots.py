@@ -30,6 +30,11 @@ class SnapshotRecord:
     saved_at: float
     sandbox_id: str | None = None
     base_image: str | None = None
+    #: when the service deletes the image (``snapshot_filesystem``'s ttl), None: never
+    expires_at: float | None = None
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (time.time() if now is None else now) >= self.expires_at
 
 
 class SnapshotStore:
@@ -48,10 +53,26 @@ class SnapshotStore:
             saved_at=float(entry.get("saved_at", 0.0)),
             sandbox_id=entry.get("sandbox_id"),
             base_image=entry.get("base_image"),
+            expires_at=float(entry["expires_at"]) if isinstance(entry.get("expires_at"), (int, float)) else None,
         )
 
-    def put(self, key: str, image_id: str, *, sandbox_id: str | None = None, base_image: str | None = None) -> None:
-        entry = {"image_id": image_id, "saved_at": time.time(), "sandbox_id": sandbox_id, "base_image": base_image}
+    def put(
+        self,
+        key: str,
+        image_id: str,
+        *,
+        sandbox_id: str | None = None,
+        base_image: str | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        now = time.time()
+        entry = {
+            "image_id": image_id,
+            "saved_at": now,
+            "sandbox_id": sandbox_id,
+            "base_image": base_image,
+            "expires_at": None if ttl is None else now + ttl,
+        }
         with self._locked():
             data = self._read()
             data[key] = entry

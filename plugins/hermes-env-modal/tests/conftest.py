@@ -21,6 +21,8 @@ LIVE = bool(os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SEC
     "127.0.0.1" not in os.environ.get("MODAL_SERVER_URL", "")
 )
 collect_ignore = [] if LIVE else ["test_modal_live.py"]
+if not os.environ.get("TOOL_GATEWAY_USER_TOKEN"):
+    collect_ignore.append("test_modal_live_gateway.py")
 
 
 def load_emulator():
@@ -101,6 +103,15 @@ def gateway():
     """The managed gateway's HTTP emulator, one per test module."""
     mod = load_gateway_emulator()
     with mod.GatewayEmulator() as gw:
+        yield gw
+        assert not gw.errors, gw.errors
+
+
+@pytest.fixture(scope="module")
+def realistic_gateway():
+    """The gateway emulator with a 20 ms round trip on every request."""
+    mod = load_gateway_emulator()
+    with mod.GatewayEmulator(latency=0.02) as gw:
         yield gw
         assert not gw.errors, gw.errors
 

@@ -1,150 +1,213 @@
-"""A local emulator of the managed gateway's REST API (v1), for tests only.
+"""A local emulator of the managed Modal gateway (the seed system's tool
+gateway), for tests only.
 
-stdlib ``ThreadingHTTPServer`` on 127.0.0.1. Each sandbox is a directory and a
-real ``hermes_env_core`` local environment (real bash processes, real session
-state); snapshots are tar files of the directory. The API is the one
-``hermes_env_modal.gateway`` documents: bearer auth, Idempotency-Key on
-create/exec/terminate (a replay returns the first answer; the same key with a
-different body is 409), long-polled output by byte offset.
+The wire contract is taken from the one public client of it,
+NousResearch/hermes-agent ``tools/environments/managed_modal.py`` (create,
+exec, poll, cancel, terminate; field names, the ``x-idempotency-key`` header,
+the four final statuses) and ``tools/managed_tool_gateway.py`` (bearer tokens
+that expire). Where that client does not show what the server does, the
+emulator makes a choice and says so in a comment marked CHOICE; the README's
+"Managed mode" section lists the same points as unknown.
 
-Faults for tests: ``fail_next(method, path_glob, status)``, ``drop_next(...)``
-(do the work, then close the connection without answering) and
-``delay_next(..., seconds)`` (sleep before doing the work).
+stdlib ``ThreadingHTTPServer`` on 127.0.0.1. Each sandbox is a directory; each
+exec a real local process (``sh -c command``, in its own session).
+
+Knobs: ``latency`` (every answer that much later), ``token_ttl`` and
+``issue_token()`` (tokens that expire), ``fail_next`` (an HTTP error),
+``drop_next`` (do the work, then cut the connection without answering: a
+proxy cutting a long request), ``delay_next`` (hold a request before doing
+the work), ``end_sandbox`` (what a sandbox timeout does), ``image_lacks``
+(programs missing from sandboxes created from then on).
 """
 
 from __future__ import annotations
 
-import base64
+import codecs
 import fnmatch
-import hashlib
+import select
 import json
-import re
+import os
 import shutil
+import signal
+import subprocess
 import tarfile
 import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from hermes_env_core.backends.local import LocalEnvironment
-
-_MAX_CHUNK = 4 * 1024 * 1024  # output bytes per poll answer
-# The calls that take (and need) an Idempotency-Key: create, exec, terminate.
-_IDEMPOTENT = re.compile(r"/v1/sandboxes(?:/[^/]+/(?:execs|terminate))?")
-
-
-class _Exec:
-    def __init__(self, exec_id: str) -> None:
-        self.id = exec_id
-        self.cond = threading.Condition()
-        self.buf = bytearray()
-        self.base = 0  # stream offset of buf[0]; what the client acknowledged is dropped
-        self.done = False
-        self.result: Any = None
-        self.error: str | None = None
-        self.cancel = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def feed(self, text: str) -> None:
-        with self.cond:
-            self.buf += text.encode("utf-8", "surrogatepass")
-            self.cond.notify_all()
-
-    def finish(self, result: Any = None, error: str | None = None) -> None:
-        with self.cond:
-            self.result, self.error, self.done = result, error, True
-            self.cond.notify_all()
-
-    def poll(self, offset: int, wait_s: float) -> dict[str, Any]:
-        end = time.monotonic() + max(0.0, wait_s)
-        with self.cond:
-            if offset > self.base:  # acknowledged: never asked for again
-                drop = min(offset - self.base, len(self.buf))
-                del self.buf[:drop]
-                self.base += drop
-            while not self.done and self.base + len(self.buf) <= offset:
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                self.cond.wait(left)
-            start = max(offset, self.base)
-            data = bytes(self.buf[start - self.base : start - self.base + _MAX_CHUNK])
-            nxt = start + len(data)
-            total = self.base + len(self.buf)
-            state: dict[str, Any] = {
-                "exec_id": self.id,
-                "status": "finished" if self.done else "running",
-                "offset": start,
-                "next_offset": nxt,
-                "output_b64": base64.b64encode(data).decode("ascii"),
-                "done": self.done and nxt >= total,
-                "exit_code": None,
-                "timed_out": False,
-                "cancelled": False,
-                "cwd": None,
-                "notes": [],
-            }
-            if self.done:
-                r = self.result
-                if r is not None:
-                    state.update(
-                        exit_code=r.exit_code, timed_out=r.timed_out, cancelled=r.interrupted,
-                        cwd=r.cwd, notes=list(r.notes),
-                    )
-                else:
-                    state.update(exit_code=None, notes=[f"gateway: {self.error}"])
-            return state
-
-
-@dataclass
-class Sandbox:
-    id: str
-    task_id: str
-    root: Path
-    env: LocalEnvironment
-    image_id: str | None
-    request: dict[str, Any]
-    execs: dict[str, _Exec] = field(default_factory=dict)
-    ended: bool = False
+FINAL = ("completed", "failed", "cancelled", "timeout")
 
 
 @dataclass
 class _Fault:
     method: str
     path: str
-    kind: str  # "status", "drop", "delay"
+    kind: str
     value: float
     remaining: int
 
 
-class _ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+class Exec:
+    def __init__(
+        self,
+        exec_id: str,
+        command: str,
+        cwd: Path,
+        env: dict[str, str],
+        timeout_s: float | None,
+        stdin: str | None = None,
+    ) -> None:
+        self.id = exec_id
+        self.command = command
+        self.lock = threading.Lock()
+        self.out = bytearray()
+        self.status = "running"  # CHOICE: the non-final status's name is not public
+        self.returncode: int | None = None
+        self.cancelled = False
+        self.timed_out = False
+        self.proc = subprocess.Popen(
+            ["sh", "-c", command],
+            cwd=cwd,
+            env=env,
+            # hermes-agent sends stdin as the exec's "stdinData" (modal_utils: stdin mode "payload").
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # CHOICE: one merged "output" string
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self._fd = self.proc.stdout.fileno()
+        if stdin is not None:
+            threading.Thread(target=self._feed, args=(stdin.encode("utf-8", "replace"),), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._reap, args=(timeout_s,), daemon=True).start()
+
+    def _feed(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.close()  # CHOICE: stdinData is followed by EOF
+        except (BrokenPipeError, OSError):
+            pass
+
+    def _read(self) -> None:
+        fd = self._fd
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            with self.lock:
+                self.out += data
+        self.proc.stdout.close()
+
+    def _reap(self, timeout_s: float | None) -> None:
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.kill()
+            rc = self.proc.wait()
+        # CHOICE: like Modal's own exec wait, the exec ends when its process exits,
+        # even while a background child holds the output open; what the pipe
+        # still holds is taken for a short moment.
+        self._reader.join(0.1)
+        # What the pipe already holds is the exec's too (a loaded machine may not
+        # have scheduled the reader yet); a child that holds it open silently is not waited for.
+        until = time.monotonic() + 2.0
+        while self._reader.is_alive() and time.monotonic() < until:
+            try:
+                ready, _, _ = select.select([self._fd], [], [], 0)
+            except (OSError, ValueError):
+                break
+            if not ready:
+                break
+            time.sleep(0.01)
+        with self.lock:
+            self.returncode = 128 - rc if rc < 0 else rc
+            if self.timed_out:
+                self.status = "timeout"
+            elif self.cancelled:
+                self.status = "cancelled"
+            else:
+                self.status = "completed" if rc == 0 else "failed"
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cancel(self) -> None:
+        with self.lock:
+            if self.status != "running":
+                return
+            self.cancelled = True
+        self.kill()
+
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            # CHOICE: a running exec's poll carries the output so far (the public
+            # client reads output only from a final answer).
+            final = self.status in FINAL
+            # JSON carries text: bytes that are not UTF-8 become U+FFFD, and a
+            # running exec's output stops before a character split by a read.
+            text = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(self.out), final=final)
+            body: dict[str, Any] = {"execId": self.id, "status": self.status, "output": text}
+            if final:
+                body["returncode"] = self.returncode
+            return body
+
+
+@dataclass
+class Sandbox:
+    id: str
+    root: Path
+    cwd: str
+    body: dict[str, Any]
+    path: str | None = None
+    execs: dict[str, Exec] = field(default_factory=dict)
+    ended: bool = False
+    terminated_with_snapshot: bool | None = None
+    deadline: float | None = None
+    last_active: float = field(default_factory=time.monotonic)
+
+    def host_cwd(self, cwd: str) -> Path:
+        # The sandbox's cwd maps onto its directory; other absolute paths are this host's.
+        if cwd == self.cwd or not cwd:
+            return self.root
+        if cwd.startswith(self.cwd.rstrip("/") + "/"):
+            return self.root / cwd[len(self.cwd.rstrip("/")) + 1 :]
+        return Path(cwd)
 
 
 class GatewayEmulator:
     """``with GatewayEmulator() as gw: ... gw.url, gw.token``."""
 
-    def __init__(self, *, token: str = "gw-test-token") -> None:
+    def __init__(self, *, token: str = "gw-test-token", latency: float = 0.0) -> None:
         self.token = token
+        self.latency = latency
+        self.token_ttl: float | None = None
+        self.image_lacks: set[str] = set()
         self.base_dir = Path(tempfile.mkdtemp(prefix="modal-gateway-emulator-"))
         self.sandboxes: dict[str, Sandbox] = {}
-        self.images: dict[str, Path] = {}
-        self.calls: list[tuple[str, str, str | None]] = []  # (method, path, idempotency key)
+        self.snapshots: dict[str, Path] = {}  # logicalKey -> tar
+        self.calls: list[tuple[str, str, dict[str, str]]] = []  # (method, path, selected headers)
+        self.bodies: list[tuple[str, str, Any]] = []
         self.errors: list[str] = []
+        self.refused = 0  # requests answered 401
+        self._tokens: dict[str, float | None] = {token: None}
         self._faults: list[_Fault] = []
-        self._idem: dict[str, tuple[str, int, dict[str, Any]]] = {}
-        self._idem_locks: dict[str, threading.Lock] = {}
+        self._idem: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------
     @property
@@ -162,9 +225,11 @@ class GatewayEmulator:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="modal-gateway-emu", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watch, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
@@ -172,7 +237,18 @@ class GatewayEmulator:
             self._end(sb)
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    # -- test controls --------------------------------------------------------------
+    # -- knobs ---------------------------------------------------------------------
+    def issue_token(self, ttl: float | None) -> str:
+        """A new valid token, expiring ``ttl`` seconds from now (None: never)."""
+        token = f"gw-{uuid.uuid4().hex}"
+        with self._lock:
+            self._tokens[token] = None if ttl is None else time.time() + ttl
+        return token
+
+    def revoke(self, token: str) -> None:
+        with self._lock:
+            self._tokens.pop(token, None)
+
     def fail_next(self, method: str, path: str, status: int, count: int = 1) -> None:
         self._faults.append(_Fault(method, path, "status", status, count))
 
@@ -183,16 +259,16 @@ class GatewayEmulator:
         self._faults.append(_Fault(method, path, "delay", seconds, count))
 
     def end_sandbox(self, sandbox_id: str) -> None:
-        """What a sandbox timeout does: the sandbox is gone, later calls get 404."""
+        """What a sandbox timeout does: the sandbox is gone, later calls about it get 404."""
         self._end(self.sandboxes[sandbox_id])
-
-    def forget_image(self, image_id: str) -> None:
-        path = self.images.pop(image_id)
-        path.unlink(missing_ok=True)
 
     def count(self, method: str, pattern: str) -> int:
         return sum(1 for m, p, _ in self.calls if m == method and fnmatch.fnmatch(p, pattern))
 
+    def execs_of(self, command_part: str) -> list[Exec]:
+        return [e for sb in self.sandboxes.values() for e in sb.execs.values() if command_part in e.command]
+
+    # -- internals -------------------------------------------------------------------
     def _take_fault(self, method: str, path: str) -> _Fault | None:
         with self._lock:
             for f in self._faults:
@@ -203,136 +279,156 @@ class GatewayEmulator:
                     return f
         return None
 
-    # -- the API ------------------------------------------------------------------
-    def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, dict]:
-        m = re.fullmatch(r"/v1/sandboxes", path)
-        if m and method == "POST":
-            return 201, self._create(body)
-        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/execs", path)
-        if m and method == "POST":
-            return 201, self._start(self._sandbox(m.group(1)), body)
-        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/execs/([^/]+)", path)
-        if m and method == "GET":
-            ex = self._exec(m.group(1), m.group(2))
-            return 200, ex.poll(int(query.get("offset", "0")), min(float(query.get("wait_s", "0")), 30.0))
-        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/execs/([^/]+)/cancel", path)
-        if m and method == "POST":
-            ex = self._exec(m.group(1), m.group(2))
-            ex.cancel.set()
-            return 202, {"status": "finished" if ex.done else "cancelling"}
-        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/terminate", path)
-        if m and method == "POST":
-            return 200, self._terminate(self._sandbox(m.group(1)), bool(body.get("snapshot")))
-        raise _ApiError(404, "no_route", f"no route {method} {path}")
+    def _token_ok(self, header: str) -> bool:
+        if not header.startswith("Bearer "):
+            return False
+        with self._lock:
+            if header[7:] not in self._tokens:
+                return False
+            exp = self._tokens[header[7:]]
+        return exp is None or time.time() < exp
 
-    def _sandbox(self, sandbox_id: str) -> Sandbox:
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise _ApiError(404, "sandbox_not_found", f"sandbox {sandbox_id} not found")
-        if sb.ended:
-            raise _ApiError(410, "sandbox_ended", f"sandbox {sandbox_id} has ended")
-        return sb
-
-    def _exec(self, sandbox_id: str, exec_id: str) -> _Exec:
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise _ApiError(404, "sandbox_not_found", f"sandbox {sandbox_id} not found")
-        ex = sb.execs.get(exec_id)
-        if ex is None:
-            raise _ApiError(404, "exec_not_found", f"exec {exec_id} not found")
-        return ex
-
-    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        sid = "sb-gw-" + uuid.uuid4().hex[:12]
-        root = self.base_dir / "sandboxes" / sid
-        root.mkdir(parents=True)
-        restored_from = restore_error = None
-        image = body.get("restore_image_id")
-        if image:
-            tar = self.images.get(image)
-            if tar is None:
-                restore_error = f"image {image} not found"
-            else:
-                with tarfile.open(tar) as tf:
-                    tf.extractall(root, filter="tar")
-                restored_from = image
-        env = LocalEnvironment(
-            task_id=sid,
-            cwd=str(root),
-            env={**(body.get("env") or {}), "HOME": str(root)},
-            session_exclude_prefixes=tuple(body.get("session_exclude_prefixes") or ("HERMES_SESSION_",)),
-        )
-        sb = Sandbox(sid, str(body.get("task_id") or ""), root, env, restored_from, body)
-        self.sandboxes[sid] = sb
-        return {"sandbox_id": sid, "restored_from": restored_from, "restore_error": restore_error, "cwd": str(root)}
-
-    def _start(self, sb: Sandbox, body: dict[str, Any]) -> dict[str, Any]:
-        command = body.get("command")
-        if not isinstance(command, str):
-            raise _ApiError(400, "invalid_request", "command must be a string")
-        stdin = base64.b64decode(body["stdin_b64"]) if body.get("stdin_b64") is not None else None
-        ex = _Exec("ex-" + uuid.uuid4().hex[:12])
-        sb.execs[ex.id] = ex
-
-        def run() -> None:
-            try:
-                r = sb.env.execute(
-                    command, cwd=body.get("cwd"), timeout=body.get("timeout_s"), stdin=stdin,
-                    cancel=ex.cancel, on_output=ex.feed,
-                )
-            except Exception as exc:  # noqa: BLE001 - the emulator reports it
-                self.errors.append(f"exec {ex.id}: {exc!r}")
-                ex.finish(error=repr(exc))
-            else:
-                ex.finish(result=r)
-
-        ex.thread = threading.Thread(target=run, name=f"gw-exec-{ex.id}", daemon=True)
-        ex.thread.start()
-        return ex.poll(0, min(float(body.get("wait_s") or 0), 30.0))
-
-    def _terminate(self, sb: Sandbox, snapshot: bool) -> dict[str, Any]:
-        image_id = None
-        if snapshot:
-            image_id = "im-gw-" + uuid.uuid4().hex[:12]
-            path = self.base_dir / "images" / f"{image_id}.tar"
-            path.parent.mkdir(exist_ok=True)
-            with tarfile.open(path, "w") as tf:
-                tf.add(sb.root, arcname=".")
-            self.images[image_id] = path
-        self._end(sb)
-        return {"sandbox_id": sb.id, "image_id": image_id, "snapshot_error": None}
+    def _watch(self) -> None:
+        # Sandbox timeoutMs and idleTimeoutMs: CHOICE of what "idle" means (no
+        # running exec), following Modal's own idle_timeout.
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            for sb in list(self.sandboxes.values()):
+                if sb.ended:
+                    continue
+                busy = any(e.status == "running" for e in sb.execs.values())
+                if busy:
+                    sb.last_active = now
+                idle = sb.body.get("idleTimeoutMs")
+                if (sb.deadline is not None and now >= sb.deadline) or (
+                    isinstance(idle, int) and not busy and now - sb.last_active >= idle / 1000
+                ):
+                    self._end(sb)
 
     def _end(self, sb: Sandbox) -> None:
-        if sb.ended:
-            return
         sb.ended = True
-        for ex in sb.execs.values():
-            ex.cancel.set()
-        for ex in sb.execs.values():
-            if ex.thread is not None:
-                ex.thread.join(15)
-        sb.env.close()
+        for e in sb.execs.values():
+            e.kill()
 
-    # -- idempotency ------------------------------------------------------------------
-    def idempotent(self, key: str, fingerprint: str, work) -> tuple[int, dict[str, Any]]:
+    def _bin_without(self, where: Path) -> str:
+        where.mkdir(parents=True, exist_ok=True)
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            for name in names:
+                target, link = os.path.join(d, name), where / name
+                if name in self.image_lacks or link.exists() or not os.access(target, os.X_OK):
+                    continue
+                link.symlink_to(target)
+        return str(where)
+
+    # -- the API -----------------------------------------------------------------------
+    def create(self, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
+        for name, kind in (("image", str), ("cwd", str), ("timeoutMs", int), ("logicalKey", str)):
+            if not isinstance(body.get(name), kind):
+                return 400, {"error": f"{name} is required ({kind.__name__})"}
         with self._lock:
-            lock = self._idem_locks.setdefault(key, threading.Lock())
-        with lock:  # a duplicate in flight waits for the first one's answer
-            seen = self._idem.get(key)
-            if seen is not None:
-                if seen[0] != fingerprint:
-                    raise _ApiError(409, "idempotency_conflict", f"Idempotency-Key {key} was used for another request")
-                return seen[1], seen[2]
-            status, payload = work()
-            self._idem[key] = (fingerprint, status, payload)
-            return status, payload
+            if key is not None and key in self._idem:
+                return 200, self._idem[key]  # CHOICE: a replay answers as the first time
+        sid = f"sb-{uuid.uuid4().hex[:12]}"
+        root = self.base_dir / "sandboxes" / sid
+        root.mkdir(parents=True)
+        snap = self.snapshots.get(body["logicalKey"])
+        if body.get("persistentFilesystem") and snap is not None:
+            # CHOICE: a persistent sandbox of a logicalKey starts from the snapshot
+            # its last terminate({snapshotBeforeTerminate: true}) took.
+            with tarfile.open(snap) as tar:
+                tar.extractall(root, filter="tar")
+        sb = Sandbox(sid, root, body["cwd"], dict(body), deadline=time.monotonic() + body["timeoutMs"] / 1000)
+        if self.image_lacks:
+            sb.path = self._bin_without(self.base_dir / "bins" / sid)
+        self.sandboxes[sid] = sb
+        answer = {"id": sid}
+        if key is not None:
+            with self._lock:
+                self._idem[key] = answer
+        return 200, answer
+
+    def _sandbox(self, sid: str) -> Sandbox | None:
+        sb = self.sandboxes.get(sid)
+        return None if sb is None or sb.ended else sb
+
+    def start_exec(self, sid: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        sb = self._sandbox(sid)
+        if sb is None:
+            return 404, {"error": f"sandbox {sid} not found"}  # CHOICE: status of an ended sandbox
+        exec_id = body.get("execId")
+        if not isinstance(exec_id, str) or not isinstance(body.get("command"), str):
+            return 400, {"error": "execId and command are required"}
+        existing = sb.execs.get(exec_id)
+        if existing is not None:
+            return 200, existing.view()  # CHOICE: the execId makes a retried start idempotent
+        env = {
+            "PATH": sb.path or os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(sb.root),
+            "LANG": "C.UTF-8",
+        }
+        timeout_ms = body.get("timeoutMs")
+        cwd = sb.host_cwd(str(body.get("cwd") or sb.cwd))
+        if not cwd.is_dir():
+            return 400, {"error": f"cwd {body.get('cwd')!r} does not exist"}  # CHOICE
+        stdin = body.get("stdinData")
+        ex = Exec(
+            exec_id,
+            body["command"],
+            cwd,
+            env,
+            timeout_ms / 1000 if isinstance(timeout_ms, int) else None,
+            stdin if isinstance(stdin, str) else None,
+        )
+        sb.execs[exec_id] = ex
+        sb.last_active = time.monotonic()
+        # CHOICE: a start answers at once, or with the final state when the
+        # command ends within 50 ms (the public client handles both).
+        deadline = time.monotonic() + 0.05
+        while ex.status == "running" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return 200, ex.view()
+
+    def poll(self, sid: str, eid: str) -> tuple[int, dict[str, Any]]:
+        sb = self.sandboxes.get(sid)
+        ex = sb.execs.get(eid) if sb is not None else None
+        if ex is None:
+            return 404, {"error": f"exec {eid} not found"}
+        return 200, ex.view()
+
+    def cancel(self, sid: str, eid: str) -> tuple[int, dict[str, Any]]:
+        sb = self.sandboxes.get(sid)
+        ex = sb.execs.get(eid) if sb is not None else None
+        if ex is None:
+            return 404, {"error": f"exec {eid} not found"}
+        ex.cancel()
+        return 200, {"execId": eid, "status": ex.view()["status"]}
+
+    def terminate(self, sid: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        sb = self.sandboxes.get(sid)
+        if sb is None:
+            return 404, {"error": f"sandbox {sid} not found"}
+        if sb.ended:
+            return 200, {"id": sid, "status": "terminated"}  # CHOICE: terminate is idempotent
+        snapshot = bool(body.get("snapshotBeforeTerminate"))
+        sb.terminated_with_snapshot = snapshot
+        if snapshot and sb.body.get("persistentFilesystem"):
+            tar_path = self.base_dir / f"snap-{uuid.uuid4().hex[:8]}.tar"
+            with tarfile.open(tar_path, "w") as tar:
+                tar.add(sb.root, arcname=".")
+            self.snapshots[sb.body["logicalKey"]] = tar_path
+        self._end(sb)
+        return 200, {"id": sid, "status": "terminated"}
 
 
 class _Handler(BaseHTTPRequestHandler):
     gateway: GatewayEmulator
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
 
     def do_GET(self) -> None:
@@ -343,44 +439,68 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         gw = self.gateway
-        url = urlsplit(self.path)
-        path = url.path
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        key = self.headers.get("Idempotency-Key")
-        gw.calls.append((method, path, key))
+        key = self.headers.get("x-idempotency-key")
+        with gw._lock:
+            gw.calls.append((method, path, {"x-idempotency-key": key} if key else {}))
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            self._send(400, {"error": "body is not JSON"})
+            return
+        gw.bodies.append((method, path, body))
+        if gw.latency:
+            time.sleep(gw.latency)
+        if not gw._token_ok(self.headers.get("Authorization", "")):
+            with gw._lock:
+                gw.refused += 1
+            self._send(401, {"error": "invalid or expired token"})
+            return
         fault = gw._take_fault(method, path)
-        if self.headers.get("Authorization") != f"Bearer {gw.token}":
-            return self._send(401, {"error": {"code": "unauthenticated", "message": "missing or wrong bearer token"}})
         if fault is not None and fault.kind == "status":
-            return self._send(int(fault.value), {"error": {"code": "injected", "message": "emulator: injected"}})
+            self._send(int(fault.value), {"error": f"injected {int(fault.value)}"})
+            return
         if fault is not None and fault.kind == "delay":
             time.sleep(fault.value)
         try:
-            body = json.loads(raw) if raw else {}
-            if method == "POST" and _IDEMPOTENT.fullmatch(path):
-                if not key:
-                    raise _ApiError(400, "idempotency_key_required", "POST needs an Idempotency-Key header")
-                fingerprint = hashlib.sha256(method.encode() + path.encode() + raw).hexdigest()
-                status, payload = gw.idempotent(key, fingerprint, lambda: gw.handle(method, path, query, body))
-            else:
-                status, payload = gw.handle(method, path, query, body)
-        except _ApiError as exc:
-            status, payload = exc.status, {"error": {"code": exc.code, "message": exc.message}}
-        except Exception as exc:  # noqa: BLE001 - an emulator bug: visible to the tests
+            status, answer = self._route(method, path, body, key)
+        except Exception as exc:  # an emulator bug: visible to the tests
             gw.errors.append(f"{method} {path}: {exc!r}")
-            status, payload = 500, {"error": {"code": "internal", "message": repr(exc)}}
+            self._send(500, {"error": repr(exc)})
+            return
         if fault is not None and fault.kind == "drop":
             self.close_connection = True
-            self.connection.shutdown(2)
-            return None
-        return self._send(status, payload)
+            self.connection.close()
+            return
+        self._send(status, answer)
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status, HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def _route(self, method: str, path: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
+        gw = self.gateway
+        parts = path.strip("/").split("/")
+        if parts[:2] != ["v1", "sandboxes"]:
+            return 404, {"error": "no such route"}
+        rest = parts[2:]
+        if method == "POST" and not rest:
+            return gw.create(body, key)
+        if method == "POST" and len(rest) == 2 and rest[1] == "execs":
+            return gw.start_exec(rest[0], body)
+        if method == "GET" and len(rest) == 3 and rest[1] == "execs":
+            return gw.poll(rest[0], rest[2])
+        if method == "POST" and len(rest) == 4 and rest[1] == "execs" and rest[3] == "cancel":
+            return gw.cancel(rest[0], rest[2])
+        if method == "POST" and len(rest) == 2 and rest[1] == "terminate":
+            return gw.terminate(rest[0], body)
+        return 404, {"error": "no such route"}
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass

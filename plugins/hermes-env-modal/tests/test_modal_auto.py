@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from hermes_env_modal import ModalConfig, ModalEnvironment
-from hermes_env_modal.config import modal_credentials_source, resolve_mode
+from hermes_env_modal.config import gateway_url, modal_credentials_source, resolve_mode
 from hermes_env_modal.direct import DirectModalEnvironment
 from hermes_env_modal.managed import ManagedModalEnvironment
 
@@ -63,11 +63,35 @@ def test_nothing_configured_explains_both_fixes(tmp_path):
         assert needle in text
 
 
-def test_managed_needs_a_url(tmp_path):
-    with pytest.raises(ConfigError, match="gateway_url"):
-        resolve_mode(ModalConfig(gateway_token="t"), _no_toml(tmp_path))
-    with pytest.raises(ConfigError, match="gateway_token"):
-        resolve_mode(ModalConfig(mode="managed", gateway_url="http://x"), _no_toml(tmp_path))
+def test_gateway_url_is_found_as_the_seed_system_finds_it(tmp_path):
+    # hermes-agent tools/managed_tool_gateway.py: build_vendor_gateway_url("modal")
+    assert gateway_url(ModalConfig(), {}) == "https://modal-gateway.nousresearch.com"
+    assert gateway_url(ModalConfig(), {"TOOL_GATEWAY_DOMAIN": "gw.test", "TOOL_GATEWAY_SCHEME": "http"}) == (
+        "http://modal-gateway.gw.test"
+    )
+    assert gateway_url(ModalConfig(), {"MODAL_GATEWAY_URL": "https://m.test/", "TOOL_GATEWAY_DOMAIN": "x"}) == (
+        "https://m.test"
+    )
+    assert gateway_url(ModalConfig(gateway_url="https://opt.test"), {"MODAL_GATEWAY_URL": "https://m"}) == (
+        "https://opt.test"
+    )
+    with pytest.raises(ConfigError, match="TOOL_GATEWAY_SCHEME.*'ftp'"):
+        gateway_url(ModalConfig(), {"TOOL_GATEWAY_SCHEME": "ftp"})
+
+
+def test_token_sources_select_managed_mode(tmp_path):
+    env = {**_no_toml(tmp_path), "HERMES_HOME": str(tmp_path / "hh")}
+    assert resolve_mode(ModalConfig(), {**env, "TOOL_GATEWAY_USER_TOKEN": "tok"}) == "managed"
+    # An explicit managed mode with no token anywhere names the three sources.
+    with pytest.raises(ConfigError) as info:
+        resolve_mode(ModalConfig(mode="managed"), env)
+    for needle in ("gateway_token", "TOOL_GATEWAY_USER_TOKEN", str(tmp_path / "hh" / "auth.json")):
+        assert needle in str(info.value)
+    (tmp_path / "hh").mkdir()
+    (tmp_path / "hh" / "auth.json").write_text('{"providers": {"nous": {"access_token": "a"}}}')
+    assert resolve_mode(ModalConfig(mode="managed"), env) == "managed"
+    # The auth store alone does not turn auto into managed: a Modal token still means direct.
+    assert resolve_mode(ModalConfig(), {**env, "MODAL_TOKEN_ID": "ak", "MODAL_TOKEN_SECRET": "as"}) == "direct"
 
 
 def test_an_explicit_mode_is_not_second_guessed(tmp_path):
@@ -79,7 +103,8 @@ def test_auto_builds_the_managed_class(gateway):
         assert isinstance(env, ManagedModalEnvironment) and env.mode == "managed"
 
 
-def test_auto_builds_the_direct_class(modal_emu):
+def test_auto_builds_the_direct_class(modal_emu, monkeypatch):
+    monkeypatch.delenv("TOOL_GATEWAY_USER_TOKEN", raising=False)
     with ModalEnvironment(task_id=f"auto-{uuid.uuid4().hex[:6]}") as env:  # emulator's MODAL_TOKEN_* set
         assert isinstance(env, DirectModalEnvironment) and env.mode == "direct"
         assert env.execute("echo d").output == "d\n"

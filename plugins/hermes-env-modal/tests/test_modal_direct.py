@@ -221,7 +221,7 @@ def test_ended_sandbox_not_replaced_when_recreate_is_off(modal_emu):
 
 def test_sandbox_options_reach_modal(fresh_modal_emu):
     with ModalEnvironment(
-        mode="direct", task_id=_task(), image="python:3.12-slim", cpu=0.5, memory=256,
+        mode="direct", task_id=_task(), image="python:3.12-slim", cpu=0.5, memory="256m",
         sandbox_timeout=600, workdir="/workspace", env={"FROM_CONFIG": "1"},
     ) as env:
         state = fresh_modal_emu.sandboxes[env.sandbox_id]

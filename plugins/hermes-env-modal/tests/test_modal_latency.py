@@ -98,3 +98,90 @@ def test_emulator_knobs_are_what_the_sdk_sees(fresh_modal_emu):
 def test_realistic_profile_is_exported():
     mod = load_emulator()
     assert mod.REALISTIC["output_delay"] > mod.REALISTIC["exit_status_delay"] > 0
+
+
+# -- a lost sandbox, images, bounds ----------------------------------------------------
+def test_service_error_with_an_ended_sandbox_is_a_lost_sandbox(fresh_modal_emu):
+    # The SDK's retries exhausted (ServiceError) while the sandbox polls as ended:
+    # what a sandbox that died with its worker looks like. The SDK itself counts
+    # NotFoundError/ServiceError/ConnectionError as "sandbox unavailable"
+    # (modal/_utils/sandbox_fs_utils.py).
+    from grpclib import Status
+
+    with ModalEnvironment(mode="direct", task_id=_task()) as env:
+        env.execute("export KEEP=yes")
+        old = env.sandbox_id
+        fresh_modal_emu.run(fresh_modal_emu._store.finish(fresh_modal_emu.sandboxes[old], 3))
+        fresh_modal_emu.fail_next("TaskExecStart", Status.UNAVAILABLE, count=11)
+        r = env.execute('echo "$KEEP"')
+        assert r.output == "yes\n" and env.sandbox_id != old
+        assert any("had ended" in n for n in r.notes)
+
+
+def test_service_error_with_a_live_sandbox_is_an_error_not_a_new_sandbox(fresh_modal_emu):
+    from grpclib import Status
+
+    from hermes_env_core.errors import EnvironmentUnavailable
+
+    with ModalEnvironment(mode="direct", task_id=_task()) as env:
+        old = env.sandbox_id
+        fresh_modal_emu.fail_next("TaskExecStart", Status.UNAVAILABLE, count=11)
+        with pytest.raises(EnvironmentUnavailable, match="ServiceError"):
+            env.execute("true")
+        assert env.sandbox_id == old and env.execute("echo ok").output == "ok\n"
+
+
+def test_an_image_without_bash_is_refused_with_what_it_lacks(fresh_modal_emu):
+    from hermes_env_core.errors import ConfigError
+
+    fresh_modal_emu.image_lacks = {"bash"}
+    with pytest.raises(ConfigError, match="alpine:3.20.*no bash.*bash >= 4.4"):
+        ModalEnvironment(mode="direct", task_id=_task(), image="alpine:3.20")
+    (sb,) = fresh_modal_emu.sandboxes.values()
+    assert sb.finished  # terminated, not left running
+
+
+def test_an_image_without_tar_is_refused_only_when_files_are_synced(fresh_modal_emu, tmp_path):
+    from hermes_env_core.errors import ConfigError
+
+    fresh_modal_emu.image_lacks = {"tar"}
+    with ModalEnvironment(mode="direct", task_id=_task()) as env:
+        assert env.execute("echo fine").output == "fine\n"
+    with pytest.raises(ConfigError, match="no tar \\(needed by file sync\\)"):
+        ModalEnvironment(mode="direct", task_id=_task(), sync=[{"host": str(tmp_path), "remote": "w"}])
+
+
+def test_idle_timeout_is_passed_and_an_idled_sandbox_replaced(fresh_modal_emu):
+    with ModalEnvironment(mode="direct", task_id=_task(), idle_timeout=1) as env:
+        env.execute("cd /tmp")
+        old = env.sandbox_id
+        sb = fresh_modal_emu.sandboxes[old]
+        assert sb.idle_timeout_secs == 1
+        deadline = time.monotonic() + 10
+        while not sb.finished and time.monotonic() < deadline:
+            time.sleep(0.05)  # bounded wait for the emulator's idle watcher
+        assert sb.finished
+        r = env.execute("pwd")
+        assert r.output == "/tmp\n" and env.sandbox_id != old
+        assert any("idle_timeout" in n for n in r.notes)
+
+
+def test_sandbox_timeout_is_capped_at_the_services_24_hours():
+    from hermes_env_modal import ModalConfig
+    from pydantic import ValidationError
+
+    assert ModalConfig(sandbox_timeout=24 * 3600).sandbox_timeout == 86400
+    with pytest.raises(ValidationError, match="sandbox_timeout") as info:
+        ModalConfig(sandbox_timeout=24 * 3600 + 1)
+    assert "86400" in str(info.value)
+
+
+def test_startup_bound_is_configurable(fresh_modal_emu):
+    from hermes_env_core.errors import EnvironmentUnavailable
+
+    fresh_modal_emu.rpc_latency = 1.0
+    t0 = time.monotonic()
+    with pytest.raises(EnvironmentUnavailable, match="in time"):
+        ModalEnvironment(mode="direct", task_id=_task(), start_timeout=0.5)
+    assert time.monotonic() - t0 < 30
+    fresh_modal_emu.rpc_latency = 0.0

@@ -4,10 +4,12 @@ timeout and replaced when they end. Against the gateway's HTTP emulator."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hermes_env_modal import ModalEnvironment
@@ -29,34 +31,83 @@ def test_is_the_managed_class_and_never_runs_local_bash(gateway):
         assert env.execute("echo hi").output == "hi\n"
 
 
-def test_wrong_token_is_refused_with_the_fix(fresh_gateway):
-    with pytest.raises(GatewayAuthError, match="gateway_token"):
+def test_wrong_token_is_refused_naming_its_source(fresh_gateway):
+    with pytest.raises(GatewayAuthError, match="401.*configured token"):
         _env(fresh_gateway, gateway_token="wrong")
     assert not fresh_gateway.sandboxes
 
 
-def test_every_request_carries_the_bearer_token_and_keys_on_posts(fresh_gateway):
-    with _env(fresh_gateway) as env:
-        env.execute("true")
-    posts = [(p, k) for m, p, k in fresh_gateway.calls if m == "POST" and not p.endswith("/cancel")]
-    assert posts and all(k for _, k in posts)
-    assert len({k for _, k in posts}) == len(posts)  # a fresh key per logical call
+def test_create_speaks_the_gateways_contract(fresh_gateway):
+    with _env(fresh_gateway, image="python:3.12-slim", cpu=2, memory="2g", sandbox_timeout=900,
+              idle_timeout=120, workdir="/root", task_id="task-7") as env:
+        assert env.execute("echo hi").output == "hi\n"
+    (create,) = [b for m, p, b in fresh_gateway.bodies if m == "POST" and p == "/v1/sandboxes"]
+    assert create == {
+        "image": "python:3.12-slim", "cwd": "/root", "cpu": 2, "memoryMiB": 2048, "timeoutMs": 900_000,
+        "idleTimeoutMs": 120_000, "persistentFilesystem": False, "logicalKey": "task-7",
+    }
+    (hdrs,) = [h for m, p, h in fresh_gateway.calls if m == "POST" and p == "/v1/sandboxes"]
+    assert hdrs.get("x-idempotency-key")
+    execs = [b for m, p, b in fresh_gateway.bodies if m == "POST" and p.endswith("/execs")]
+    assert execs and all(set(b) == {"execId", "command", "cwd", "timeoutMs"} for b in execs)
+    assert all(b["cwd"] == "/root" and b["command"].startswith("exec ") for b in execs)
+    assert len({b["execId"] for b in execs}) == len(execs)
+    (term,) = [b for m, p, b in fresh_gateway.bodies if p.endswith("/terminate")]
+    assert term == {"snapshotBeforeTerminate": False}
 
 
 def test_lost_create_answer_is_retried_with_the_same_key(fresh_gateway):
     fresh_gateway.drop_next("POST", "/v1/sandboxes")
     with _env(fresh_gateway) as env:
         assert len(fresh_gateway.sandboxes) == 1
-        creates = [k for m, p, k in fresh_gateway.calls if m == "POST" and p == "/v1/sandboxes"]
+        creates = [h["x-idempotency-key"] for m, p, h in fresh_gateway.calls if m == "POST" and p == "/v1/sandboxes"]
         assert len(creates) == 2 and creates[0] == creates[1]
         assert env.execute("echo ok").output == "ok\n"
+
+
+def test_an_expired_token_is_read_again_from_the_auth_store(fresh_gateway, tmp_path):
+    # The seed system's token source: providers.nous.access_token of $HERMES_HOME/auth.json,
+    # kept fresh by its own login flow; the gateway refuses an expired token with 401.
+    first = fresh_gateway.issue_token(ttl=None)
+    store = tmp_path / "auth.json"
+
+    def write(token: str, expires: str) -> None:
+        store.write_text(json.dumps({"providers": {"nous": {"access_token": token, "expires_at": expires}}}))
+
+    write(first, "2999-01-01T00:00:00Z")
+    with ModalEnvironment(mode="managed", gateway_url=fresh_gateway.url, gateway_auth_file=str(store),
+                          task_id=f"m-{uuid.uuid4().hex[:8]}") as env:
+        assert env.execute("export KEEP=1; echo a").output == "a\n"
+        fresh_gateway.revoke(first)  # expired at the gateway before its stated expiry
+        second = fresh_gateway.issue_token(ttl=None)
+        soon = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat()
+        write(second, soon)
+        assert env.execute('echo "$KEEP"').output == "1\n"
+        assert fresh_gateway.refused == 1
+        # A token the store says expires within two minutes is read again before each use.
+        third = fresh_gateway.issue_token(ttl=None)
+        write(third, "2999-01-01T00:00:00Z")
+        fresh_gateway.revoke(second)
+        assert env.execute("echo c").output == "c\n"
+        assert fresh_gateway.refused == 1  # only the revoked first token was ever refused
+
+
+def test_a_static_token_that_expires_is_reported(fresh_gateway):
+    token = fresh_gateway.issue_token(ttl=None)
+    with _env(fresh_gateway, gateway_token=token) as env:
+        fresh_gateway.revoke(token)
+        with pytest.raises(GatewayAuthError, match="configured token"):
+            env.execute("true")
+    assert fresh_gateway.refused >= 2  # the command, then the terminate at close (logged, not raised)
 
 
 def test_lost_exec_answer_runs_the_command_once(fresh_gateway):
     with _env(fresh_gateway) as env:
         fresh_gateway.drop_next("POST", "/v1/sandboxes/*/execs")
         assert env.execute("echo once >> counter; cat counter").output == "once\n"
-        assert fresh_gateway.count("POST", "/v1/sandboxes/*/execs") == 2
+        ids = [b["execId"] for m, p, b in fresh_gateway.bodies if m == "POST" and p.endswith("/execs")]
+        assert len(ids) == len(set(ids)) + 1  # one start sent twice, with the same execId
+        assert len(fresh_gateway.execs_of("counter")) == 1
 
 
 def test_read_timeout_retry_does_not_run_the_command_twice(fresh_gateway):
@@ -66,8 +117,9 @@ def test_read_timeout_retry_does_not_run_the_command_twice(fresh_gateway):
         r = env.execute("echo run >> counter; cat counter")
         assert r.output == "run\n" and r.exit_code == 0
         assert time.monotonic() - started < 10
-        keys = [k for m, p, k in fresh_gateway.calls if m == "POST" and p.endswith("/execs")]
-        assert len(keys) >= 2 and len(set(keys)) == 1
+        ids = [b["execId"] for m, p, b in fresh_gateway.bodies if m == "POST" and p.endswith("/execs")]
+        assert len(ids) > len(set(ids))  # the retry names the same exec
+        assert len(fresh_gateway.execs_of("counter")) == 1
 
 
 def test_transient_errors_are_retried_then_reported(fresh_gateway):
@@ -127,6 +179,8 @@ def test_timeout_and_cancel_keep_the_sandbox(fresh_gateway):
         threading.Timer(0.5, cancel.set).start()
         r = env.execute("sleep 30", cancel=cancel, timeout=60)
         assert (r.exit_code, r.interrupted) == (130, True) and r.duration_s < 10
+        (sleeper,) = fresh_gateway.execs_of("sleep 30")[-1:]
+        assert sleeper.status != "running"  # killed, not left behind
         assert env.sandbox_id == sid and not fresh_gateway.sandboxes[sid].ended
         assert env.execute('echo "$KEPT"').output == "1\n"
 
@@ -148,9 +202,9 @@ def test_an_ended_sandbox_is_replaced_with_a_note(fresh_gateway):
 
 def test_output_over_several_polls_is_bounded_like_the_base_class(gateway):
     with _env(gateway, max_output_bytes=64 * 1024) as env:
-        r = env.execute("head -c 10000000 /dev/zero | tr '\\0' z; echo; echo END")
+        r = env.execute("head -c 3000000 /dev/zero | tr '\\0' z; echo; echo END")
         assert r.truncated and r.output.endswith("z\nEND\n") and "bytes omitted" in r.output
-        assert r.dropped_bytes > 10000000 - 64 * 1024 - 1
+        assert r.dropped_bytes > 3000000 - 64 * 1024 - 1
 
 
 def test_close_terminates_the_sandbox(fresh_gateway):
@@ -159,3 +213,46 @@ def test_close_terminates_the_sandbox(fresh_gateway):
     env.close()
     assert fresh_gateway.sandboxes[sid].ended
     assert fresh_gateway.count("POST", f"/v1/sandboxes/{sid}/terminate") == 1
+
+
+def test_a_poll_cut_by_a_proxy_is_sent_again(fresh_gateway):
+    with _env(fresh_gateway) as env:
+        fresh_gateway.drop_next("GET", "/v1/sandboxes/*/execs/*", count=2)
+        r = env.execute("sleep 0.5; echo late; exit 4")
+        assert (r.output, r.exit_code) == ("late\n", 4)
+        assert len(fresh_gateway.execs_of("echo late")) == 1
+
+
+def test_an_image_without_bash_is_refused_with_what_it_lacks(fresh_gateway):
+    fresh_gateway.image_lacks = {"bash"}
+    with pytest.raises(ConfigError, match="no bash.*bash >= 4.4"):
+        _env(fresh_gateway, image="alpine:3.20")
+    (sb,) = fresh_gateway.sandboxes.values()
+    assert sb.ended  # not left running
+
+
+def test_latency_and_the_exit_status_of_each_command(fresh_gateway):
+    fresh_gateway.latency = 0.05
+    with _env(fresh_gateway) as env:
+        for code in (0, 1, 3, 42):
+            assert env.execute(f"exit {code}").exit_code == code
+        assert env.execute("kill -9 $$").exit_code == 137
+
+
+def test_a_long_script_travels_as_stdin_data(gateway):
+    with _env(gateway) as env:
+        big = "x" * 200_000
+        r = env.execute(f"v={big}; echo ${{#v}}")
+        assert r.output == "200000\n" and r.exit_code == 0
+    long_execs = [b for m, p, b in gateway.bodies if p.endswith("/execs") and "stdinData" in b]
+    assert long_execs and all(len(b["command"]) < 1000 for b in long_execs)
+
+
+def test_stdin_is_stdin_data_and_binary_stdin_travels_as_base64(fresh_gateway):
+    with _env(fresh_gateway) as env:
+        assert env.execute("cat", stdin="text é\n").output == "text é\n"
+        r = env.execute("od -An -tx1 | tr -d ' \\n'", stdin=b"\xff\x00a")
+        assert r.output == "ff0061"
+    fed = [b for m, p, b in fresh_gateway.bodies if p.endswith("/execs") and "stdinData" in b]
+    assert any(b["command"].startswith("base64 -d | exec bash") for b in fed)
+    assert all("text é" not in b["command"] for b in fed)  # never on the command line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
@@ -62,29 +63,56 @@ def test_persistent_needs_a_task_id():
         ModalEnvironment(mode="direct", persistent=True)
 
 
-# -- managed ---------------------------------------------------------------------
-def test_managed_snapshot_restore_and_restore_failure(fresh_gateway, tmp_path):
+def test_snapshot_taken_with_an_explicit_timeout_and_ttl_and_its_expiry_recorded(fresh_modal_emu, tmp_path):
     store_path = tmp_path / "snaps.json"
     task = _task()
-    opts = dict(
-        mode="managed", gateway_url=fresh_gateway.url, gateway_token=fresh_gateway.token,
-        task_id=task, persistent=True, snapshot_store=str(store_path),
-    )
+    opts = dict(mode="direct", task_id=task, persistent=True, snapshot_store=str(store_path), snapshot_ttl=3600)
+    before = time.time()
+    with ModalEnvironment(**opts):
+        pass
+    record = SnapshotStore(store_path).get(f"direct:{task}")
+    assert record is not None and record.expires_at is not None
+    assert before + 3600 <= record.expires_at <= time.time() + 3600
+    assert fresh_modal_emu.images[record.image_id].ttl_seconds == 3600  # what the SDK sent
+
+
+def test_an_expired_snapshot_is_skipped_with_a_note(fresh_modal_emu, tmp_path):
+    store_path = tmp_path / "snaps.json"
+    task = _task()
+    opts = dict(mode="direct", task_id=task, persistent=True, snapshot_store=str(store_path))
+    with ModalEnvironment(**opts) as env:
+        env.execute("echo kept > ~/saved.txt")
+    record = SnapshotStore(store_path).get(f"direct:{task}")
+    assert record is not None
+    # Rewrite its expiry into the past: what 30 days later looks like.
+    data = json.loads(store_path.read_text())
+    data["snapshots"][f"direct:{task}"]["expires_at"] = time.time() - 1
+    store_path.write_text(json.dumps(data))
+    with ModalEnvironment(**opts) as env:
+        assert env.restored_from is None
+        r = env.execute("cat ~/saved.txt")
+        assert r.exit_code == 1
+        (note,) = [n for n in r.notes if "expired" in n]
+        assert record.image_id in note and "base image" in note
+
+
+# -- managed: snapshots are kept by the gateway, by logicalKey ----------------------
+def test_managed_persistence_is_the_gateways(fresh_gateway):
+    task = _task()
+    opts = dict(mode="managed", gateway_url=fresh_gateway.url, gateway_token=fresh_gateway.token, task_id=task,
+                persistent=True, workdir="/root")
     with ModalEnvironment(**opts) as env:
         env.execute("echo kept > saved.txt")
-    record = SnapshotStore(store_path).get(f"managed:{fresh_gateway.url}:{task}")
-    assert record is not None
+        first = env.sandbox_id
+    assert fresh_gateway.sandboxes[first].terminated_with_snapshot is True
+    creates = [b for m, p, b in fresh_gateway.bodies if m == "POST" and p == "/v1/sandboxes"]
+    assert creates[0]["persistentFilesystem"] is True and creates[0]["logicalKey"] == task
     with ModalEnvironment(**opts) as env:
-        assert env.restored_from == record.image_id
-        r = env.execute("cat saved.txt")
-        assert r.output == "kept\n" and r.notes == ()
-    newer = SnapshotStore(store_path).get(f"managed:{fresh_gateway.url}:{task}")
-    assert newer is not None and newer.image_id != record.image_id
-    fresh_gateway.forget_image(newer.image_id)
-    with ModalEnvironment(**opts) as env:
-        r = env.execute("cat saved.txt")
-        assert r.exit_code == 1
-        assert any("could not restore" in n and newer.image_id in n for n in r.notes)
+        assert env.execute("cat saved.txt").output == "kept\n"
+    with ModalEnvironment(**{**opts, "persistent": False}) as env:
+        assert env.execute("cat saved.txt").exit_code == 1
+        last = env.sandbox_id
+    assert fresh_gateway.sandboxes[last].terminated_with_snapshot is False
 
 
 # -- the store -----------------------------------------------------------------------

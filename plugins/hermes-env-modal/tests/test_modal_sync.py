@@ -17,7 +17,7 @@ def _env(tmp_path: Path, **kw):
         mode="direct",
         task_id=f"sync-{uuid.uuid4().hex[:8]}",
         sync=[{"host": str(tmp_path / "proj"), "remote": "proj"}],
-        sync_interval=0,
+        sync_interval_s=0,
         **kw,
     )
 
@@ -77,7 +77,7 @@ def test_pull_brings_sandbox_changes_back_byte_exact(modal_emu, tmp_path, tree):
         env.execute("echo changed > ~/proj/a.txt; head -c 200000 /dev/urandom > ~/proj/made.bin; rm ~/proj/run.sh")
         home = Path(env.execute('printf %s "$HOME"').output)
         made = (home / "proj" / "made.bin").read_bytes()
-        result = env.pull()
+        result = env.pull_files()
         assert result is not None and result.changed
         assert (tree / "a.txt").read_text() == "changed\n"
         assert (tree / "made.bin").read_bytes() == made  # binary-safe download
@@ -93,9 +93,9 @@ def test_credential_files_are_pushed_but_never_pulled(modal_emu, tmp_path, tree,
     cred.write_text("s3cret\n")
     monkeypatch.setenv("HOME", str(home))
     with ModalEnvironment(
-        mode="direct", task_id=f"cred-{uuid.uuid4().hex[:8]}", credential_files=[str(cred)], sync_interval=0
+        mode="direct", task_id=f"cred-{uuid.uuid4().hex[:8]}", credential_files=[str(cred)], sync_interval_s=0
     ) as env:
         assert env.execute("cat ~/.config/tool/token").output == "s3cret\n"
         env.execute("echo tampered > ~/.config/tool/token")
-        env.pull()
+        env.pull_files()
     assert cred.read_text() == "s3cret\n"

@@ -198,8 +198,8 @@ class SingularityEnvironment(BaseEnvironment):
         for spec in self._binds:
             args += ["--bind", spec]
         if limits:
-            if cfg.cpus is not None:
-                args += ["--cpus", f"{cfg.cpus:g}"]
+            if cfg.cpu is not None:
+                args += ["--cpus", f"{cfg.cpu:g}"]
             if cfg.memory is not None:
                 args += ["--memory", cfg.memory]
         args += list(cfg.extra_args)
@@ -207,7 +207,7 @@ class SingularityEnvironment(BaseEnvironment):
 
     def _start_instance(self) -> None:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
-        wants_limits = cfg.cpus is not None or cfg.memory is not None
+        wants_limits = cfg.cpu is not None or cfg.memory is not None
         known_bad = _limits_unsupported.get((self.runtime.path, self.runtime.config_file))
         limits = wants_limits and known_bad is None
         if wants_limits and known_bad is not None:
@@ -244,7 +244,7 @@ class SingularityEnvironment(BaseEnvironment):
     def _limits_refused(self, reason: str) -> None:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
         asked = " ".join(
-            p for p in (f"--cpus {cfg.cpus:g}" if cfg.cpus else "", f"--memory {cfg.memory}" if cfg.memory else "") if p
+            p for p in (f"--cpus {cfg.cpu:g}" if cfg.cpu else "", f"--memory {cfg.memory}" if cfg.memory else "") if p
         )
         if cfg.require_limits:
             raise EnvironmentUnavailable(

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hermes_env_core.config import MemorySize
 from hermes_env_core.environment.options import EnvironmentConfig
 
 __all__ = ["BindMount", "SingularityConfig"]
 
-_MEMORY_RE = re.compile(r"^[1-9][0-9]*(\.[0-9]+)?[KMGT]?B?$", re.IGNORECASE)
 
 
 class BindMount(BaseModel):
@@ -92,8 +92,8 @@ class SingularityConfig(EnvironmentConfig):
     overlay_dir: str | None = Field(
         None, description="Where persistent overlays live; default ~/.cache/hermes-env/singularity/overlays."
     )
-    cpus: float | None = Field(None, gt=0, description="CPU limit (--cpus), where the host supports cgroups.")
-    memory: str | None = Field(None, description="Memory limit (--memory), e.g. 512M or 2G.")
+    cpu: float | None = Field(None, gt=0, description="CPU limit in cores (--cpus), where the host supports cgroups.")
+    memory: MemorySize | None = Field(None, description="Memory limit (--memory), such as '512m' or '2g'.")
     require_limits: bool = Field(False, description="Fail instead of running unlimited when limits are unsupported.")
     binds: tuple[BindMount, ...] = Field((), description="Bind mounts: 'SRC[:DST][:ro]' strings or tables.")
     inherit_env: bool = Field(
@@ -107,15 +107,6 @@ class SingularityConfig(EnvironmentConfig):
     start_timeout: float = Field(300.0, gt=0, description="Seconds 'instance start' may take.")
     stop_timeout: int = Field(0, ge=0, description="Seconds the instance gets after SIGTERM at cleanup (0: kill).")
     extra_args: tuple[str, ...] = Field((), description="More 'instance start' options, passed as given.")
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if isinstance(value, str) and not _MEMORY_RE.match(value.strip()):
-            raise ValueError(f"memory {value!r} is not a size like 512M, 2G or a number of bytes")
-        return value.strip() if isinstance(value, str) else value
 
     @field_validator("binds", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ def _cgroup_dir(runtime: Runtime, name: str, controller: str) -> Path:
 
 @needs_root
 def test_cpu_and_memory_limits_applied(runtime: Runtime, sif: Path) -> None:
-    with SingularityEnvironment(image=str(sif), cpus=0.5, memory="64M") as env:
+    with SingularityEnvironment(image=str(sif), cpu=0.5, memory="64M") as env:
         assert env.limits_applied
         r = env.execute("true")
         assert not any("limits" in n for n in r.notes)
@@ -54,7 +54,7 @@ def test_without_limits_none_applied(sif: Path) -> None:
 
 def test_out_of_range_cpus_is_an_error_naming_it(sif: Path) -> None:
     with pytest.raises(EnvironmentUnavailable, match="cpus value must be in range"):
-        SingularityEnvironment(image=str(sif), cpus=4096)
+        SingularityEnvironment(image=str(sif), cpu=4096)
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def no_cgroup_conf(runtime: Runtime, tmp_path: Path) -> str:
 
 def test_unsupported_limits_are_detected_and_noted(sif: Path, no_cgroup_conf: str, monkeypatch) -> None:
     monkeypatch.setattr(backend, "_limits_unsupported", {})
-    with SingularityEnvironment(image=str(sif), apptainer_conf=no_cgroup_conf, cpus=0.5, memory="64M") as env:
+    with SingularityEnvironment(image=str(sif), apptainer_conf=no_cgroup_conf, cpu=0.5, memory="64M") as env:
         assert not env.limits_applied
         r = env.execute("echo runs")
         assert r.output == "runs\n"

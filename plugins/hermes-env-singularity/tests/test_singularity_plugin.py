@@ -103,7 +103,7 @@ def test_created_by_name_through_the_factory(installed: None, sif: Path) -> None
     got = _python(f"""
         import json
         from hermes_env_core import create_environment
-        with create_environment("apptainer", image={str(sif)!r}, cpus=None) as env:
+        with create_environment("apptainer", image={str(sif)!r}, cpu=None) as env:
             r = env.execute("cat /marker")
             print(json.dumps({{"cls": type(env).__name__, "name": env.name, "out": r.output}}))
     """)

@@ -67,7 +67,7 @@ def test_check_requirements_ok_with_the_real_runtime(runtime) -> None:
     [
         ({}, "image"),
         ({"image": "x", "memory": "lots"}, "memory"),
-        ({"image": "x", "cpus": 0}, "cpus"),
+        ({"image": "x", "cpu": 0}, "cpu"),
         ({"image": "x", "overlay": "persistent"}, "task_id"),
         ({"image": "x", "overlay": "disk"}, "overlay"),
         ({"image": "x", "imgae": "y"}, "imgae"),
@@ -80,6 +80,7 @@ def test_config_validated(options: dict, field: str) -> None:
 
 
 def test_memory_forms() -> None:
-    assert SingularityConfig(image="x", memory=1 << 20).memory == "1048576"
-    assert SingularityConfig(image="x", memory="512M").memory == "512M"
+    assert SingularityConfig(image="x", memory="512M").memory == "512m"
     assert SingularityConfig(image="x", memory=" 2g ").memory == "2g"
+    with pytest.raises(ValidationError, match="with a unit"):
+        SingularityConfig(image="x", memory=1 << 20)

@@ -100,11 +100,16 @@ async def handle_exec(emu: KubeEmulator, request: web.Request, namespace: str, n
                         break
                     channel, data, buf = buf[0], buf[8:8 + size], buf[8 + size:]
                     if data and channel in (STDOUT, STDERR):
+                        if loop.is_closed():
+                            return
                         asyncio.run_coroutine_threadsafe(ws.send_bytes(bytes([channel]) + data), loop).result()
         except Exception:  # noqa: BLE001, S110 - the client went away
             pass
         finally:
-            loop.call_soon_threadsafe(done.set)
+            try:
+                loop.call_soon_threadsafe(done.set)
+            except RuntimeError:
+                pass  # the emulator stopped first
 
     threading.Thread(target=pump, name="emu-exec-pump", daemon=True).start()
 
@@ -131,15 +136,15 @@ async def handle_exec(emu: KubeEmulator, request: web.Request, namespace: str, n
     reader.cancel()
     if not ws.closed:
         info = await loop.run_in_executor(None, api.exec_inspect, exec_id)
-        for _ in range(200):
-            if not info.get("Running"):
+        for _ in range(1000):  # the engine may report the exit a little after the stream ends
+            if not info.get("Running") and info.get("ExitCode") is not None:
                 break
             await asyncio.sleep(0.005)
             info = await loop.run_in_executor(None, api.exec_inspect, exec_id)
         code = info.get("ExitCode")
-        if code is None:
-            code = 137
-        await ws.send_bytes(bytes([ERROR]) + json.dumps(exit_status(int(code), command)).encode())
+        body = exit_status(int(code), command) if code is not None else {
+            "metadata": {}, "status": "Failure", "reason": "InternalError", "message": "exit code not reported"}
+        await ws.send_bytes(bytes([ERROR]) + json.dumps(body).encode())
         await ws.close()
     try:
         raw.close()

@@ -247,6 +247,8 @@ class CommandRouter:
                 Status.UNIMPLEMENTED, "emulator: sidecar containers are not emulated"
             )
         rec = await self.store.snapshot(sb)
+        # snapshot_filesystem(ttl=...) in modal/sandbox/_sandbox.py: kept 30 days by default, -1 = for ever.
+        rec.ttl_seconds = req.ttl_seconds
         return sr_pb2.TaskSnapshotFilesystemResponse(image_id=rec.id)
 
     async def TaskMountDirectory(self, req, stream):

@@ -47,6 +47,7 @@ class ImageRecord:
     tar_path: Path | None = None
     definition: api_pb2.Image | None = None
     source_sandbox: str | None = None
+    ttl_seconds: int | None = None
 
 
 @dataclass
