@@ -35,8 +35,8 @@ from ..errors import EnvironmentUnavailable
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
-    "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
-    "start_bash",
+    "LocalConfig", "LocalEnvironment", "ProcessTree", "SECRET_PATTERNS", "carries_url_password", "feed_stdin",
+    "filter_environment", "start_bash",
 ]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
@@ -227,6 +227,7 @@ class LocalEnvironment(BaseEnvironment):
     background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
+    state_dir_private = True  # mkdtemp: 0700, random name
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:

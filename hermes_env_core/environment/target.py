@@ -189,6 +189,8 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
     """
 
     config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+    #: ``Target.state_dir`` is private by contract (0700, unguessable)
+    state_dir_private: ClassVar[bool] = True
     config: _C
 
     def __init__(self, config: _C | None = None, **options: Any) -> None:
@@ -249,6 +251,9 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
                     self._generation += 1
                     self._note(f"{self.name}: {why}; the target was recreated and the session state restored")
             return target.start(request)
+
+    def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
+        return self.target.run_helper(script, timeout=timeout)
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)
