@@ -12,13 +12,14 @@ __all__ = ["ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_lin
 #: request body of megabytes is not what the daemon's command routes are made for.
 ARG_LIMIT = 100_000
 
-_NONCE_RE = re.compile(r"__hermes_n=([0-9a-f]{8,64});")
+# The wrapper names its nonce in its state separator (and, in older cores, in __hermes_n=).
+_NONCE_RE = re.compile(r"#hermes-state:([0-9a-f]{8,64})|__hermes_n=([0-9a-f]{8,64});")
 
 
 def nonce_of(script: str) -> str | None:
     """The per-command nonce the session wrapper put in ``script`` (it marks the frame)."""
-    m = _NONCE_RE.search(script, 0, 16384)
-    return m.group(1) if m else None
+    m = _NONCE_RE.search(script)
+    return (m.group(1) or m.group(2)) if m else None
 
 
 def bash_line(script: str, *, login: bool) -> str:

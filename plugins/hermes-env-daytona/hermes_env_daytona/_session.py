@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.handles import Writer
@@ -32,11 +33,13 @@ __all__ = ["CommandFollower", "SessionPool", "StartedCommand", "no_bash"]
 OUTPUT_GRACE_S = 2.0
 #: How long the exit status may lag behind the command's own end-of-output record.
 STATUS_GRACE_S = 30.0
-_FIRST_POLL_S = 0.005
+_FIRST_POLL_S = 0.002
 _LONGEST_POLL_S = 0.5
 _POLL_REQUEST_TIMEOUT_S = 30.0
 #: Without live output, the logs are looked at now and then (bounded work for a long command).
 _FIRST_LOOK_S = 1.0
+#: For this long after the start the output is read with every status poll.
+_EAGER_S = 1.0
 _LONGEST_LOOK_S = 30.0
 _TRANSIENT_ATTEMPTS = 4
 
@@ -98,6 +101,7 @@ class CommandFollower:
         stop: threading.Event,
         forced: threading.Event,
         note: Callable[[str], None],
+        spawn: Callable[[Callable[[], None]], Future[None]],
     ) -> None:
         self._env = env
         self._cmd = started
@@ -107,6 +111,7 @@ class CommandFollower:
         self._stop = stop
         self._forced = forced
         self._note = note
+        self._spawn = spawn
         self._emitted = 0  # characters of the logs' output already written
         self.output = ""  # the output as last read
         self.ended = False  # the end-of-frame line was seen
@@ -119,21 +124,20 @@ class CommandFollower:
         for attempt in range(1, _TRANSIENT_ATTEMPTS + 1):
             try:
                 return _sdk.call_with_rate_limit(fn)
-            except sdk.DaytonaNotFoundError as exc:
-                raise BackendError(
-                    f"daytona: {what}: the daemon no longer knows the command's session "
-                    f"(sandbox {self._env.sandbox_name} restarted or was replaced while the command ran); "
-                    "its exit status is unknown"
-                ) from exc
             except sdk.DaytonaError as exc:
                 status = getattr(exc, "status_code", None)
-                transient = status is None or status in (502, 503, 504) or (isinstance(status, int) and status >= 500)
-                if status == 400:
+                transient = status is None or (isinstance(status, int) and status >= 500)
+                if status in (400, 404):
                     state = self._env._state_now()
                     if state != "started":
                         raise BackendError(
                             f"daytona: {what}: sandbox {self._env.sandbox_name} is {state} (it stopped while the "
                             "command ran); the command's exit status is unknown"
+                        ) from exc
+                    if status == 404:
+                        raise BackendError(
+                            f"daytona: {what}: the daemon no longer knows the command's session (it restarted "
+                            "while the command ran); the command's exit status is unknown"
                         ) from exc
                 if not transient or attempt == _TRANSIENT_ATTEMPTS:
                     raise self._env._error(exc, what, BackendError) from exc
@@ -198,22 +202,33 @@ class CommandFollower:
     def _wait(self) -> int | None:
         delay = _FIRST_POLL_S
         code: int | None = None
-        look_every, last_look = _FIRST_LOOK_S, time.monotonic()
+        started = time.monotonic()
+        look_every, last_look = _FIRST_LOOK_S, started
         while True:
-            code = self._status()
+            now = time.monotonic()
+            # While the output is young (and small), or shown live, it is read with each
+            # status poll, in parallel: a short command then costs two round trips after
+            # its start, not three. Later only now and then: it shows whether bash has
+            # ended even while the exit status lags.
+            look = self._live or now - started < _EAGER_S or now - last_look >= look_every
+            if look and now - started >= _EAGER_S:
+                last_look, look_every = now, min(look_every * 2, _LONGEST_LOOK_S)
+            pending = self._spawn(lambda: self._pull_output(final=False)) if look else None
+            try:
+                code = self._status()
+            finally:
+                if pending is not None:
+                    pending.result()
             if code is not None:
                 break
-            now = time.monotonic()
-            if self._live or now - last_look >= look_every:
-                # The output shows whether bash has ended even while the exit status lags.
-                last_look, look_every = now, min(look_every * 2, _LONGEST_LOOK_S)
-                self._pull_output(final=False)
-                if self.ended:
-                    code = self._status_after_frame()
-                    break
+            if self.ended:
+                code = self._status_after_frame()
+                break
             if self._stop.wait(delay):
                 raise _Stopped
             delay = min(delay * 2, _LONGEST_POLL_S)
+        if code is not None and self.ended:
+            return code
         if code == 127 and _no_bash(self.output):
             return code  # bash never started: no record will come
         # Ended: the output may still lag behind the exit status.

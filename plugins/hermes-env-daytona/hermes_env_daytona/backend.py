@@ -14,6 +14,7 @@ import secrets
 import shlex
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.base import BaseEnvironment
@@ -81,6 +82,7 @@ class DaytonaEnvironment(BaseEnvironment):
         self._home_of: str | None = None
         self._live = threading.local()
         self._sessions = SessionPool(_safe_name(f"hermes-{self.task_id}"))
+        self._pool: ThreadPoolExecutor | None = None
         self._pids: dict[str, int] = {}
         self._resources = self._capped_resources()
         self._sync: SyncEngine | None = None
@@ -417,7 +419,10 @@ class DaytonaEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         self._ready()  # raise here, not from the handle, when the sandbox cannot run
-        nonce = nonce_of(script)
+        # The frame's nonce is in the script, or (private script in a file) in what
+        # _put_private_file just wrote for this thread.
+        nonce = nonce_of(script) or getattr(self._live, "nonce", None)
+        self._live.nonce = None
         end = None if nonce is None else f"\x1e{nonce}:E\n"
         script = exports(self._cfg.env) + script
         line = session_line(script, login=login)
@@ -435,7 +440,8 @@ class DaytonaEnvironment(BaseEnvironment):
         def target(write: Writer) -> int:
             started = self._start_command(line)
             follower = CommandFollower(
-                self, started, end=end, write=write, live=live, stop=stop, forced=forced, note=notes.append
+                self, started, end=end, write=write, live=live, stop=stop, forced=forced, note=notes.append,
+                spawn=self._workers().submit,
             )
             reusable = False
             try:
@@ -468,6 +474,16 @@ class DaytonaEnvironment(BaseEnvironment):
         handle.forced = forced
         return handle
 
+    def _workers(self) -> ThreadPoolExecutor:
+        """Threads for requests made in parallel with a status poll (a command's logs)."""
+        pool = self._pool
+        if pool is None:
+            with self._ready_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hermes-daytona-poll")
+                pool = self._pool
+        return pool
+
     def _start_command(self, line: str) -> StartedCommand:
         """Hand ``line`` to an idle daemon session (made when none is idle); the command's id.
 
@@ -487,9 +503,11 @@ class DaytonaEnvironment(BaseEnvironment):
                     lambda: sb.process.execute_session_command(sid, request, timeout=_AUX_TIMEOUT_S)
                 )
             except sdk.DaytonaNotFoundError as exc:
-                # The daemon no longer has this session (restarted with the sandbox): a new one.
+                # The sandbox is gone (recreated by _revived_after), or the daemon no longer
+                # has this session (it restarted): either way a new session, once.
                 self._sessions.forget(sb.id)
                 if attempt == 1:
+                    self._revived_after(sb, exc)
                     continue
                 raise self._error(exc, "starting the command", BackendError) from exc
             except sdk.DaytonaError as exc:
@@ -537,6 +555,11 @@ class DaytonaEnvironment(BaseEnvironment):
     def _aux(self, script: str, what: str) -> str:
         """A short helper script's output; BackendError when it cannot run."""
         return self.run_script(script, what).result or ""
+
+    def _put_private_file(self, path: str, data: bytes) -> None:
+        """The private wrapper script, written into the session's 0700 directory before bash starts."""
+        self._live.nonce = nonce_of(data.decode("utf-8", "surrogateescape"))
+        self._upload(data, path)
 
     def _upload(self, data: bytes, path: str) -> None:
         sb = self._ready()
@@ -637,6 +660,8 @@ class DaytonaEnvironment(BaseEnvironment):
                 verb = "stopping" if self._cfg.persistent else "deleting"
                 errors.append(self._error(exc, f"{verb} sandbox {self.sandbox_name}"))
         self._sandbox = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         # The sync client has no close(); its event connection is the only thing it keeps open.
         dispatcher = getattr(self._client, "_event_dispatcher", None)
         try:

@@ -105,7 +105,9 @@ def test_sandbox_stopped_between_commands_is_started_again(emu, make_env, events
     assert any("restarted stopped sandbox" in n for n in r.notes)
 
 
-def test_sandbox_deleted_behind_our_back_is_recreated_with_the_session(emu, make_env):
+@pytest.mark.parametrize("events", [True, False], ids=["state events", "no state events"])
+def test_sandbox_deleted_behind_our_back_is_recreated_with_the_session(emu, make_env, events):
+    emu.events.enabled = events  # without them the SDK's cached state still says 'started'
     env = make_env()
     # /tmp: the emulator gives every sandbox its own home path, a real service the same one.
     env.execute("export HERMES_T_KEEP=yes; cd /tmp")
