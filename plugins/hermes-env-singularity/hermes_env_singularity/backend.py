@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from hermes_env_core.backends.local import feed_stdin, filter_environment
+from hermes_env_core.backends.local import ProcessTree, feed_stdin, filter_environment
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.channel import ChannelStream, PipeStream
 from hermes_env_core.environment.handles import ProcessHandle
@@ -65,13 +65,21 @@ class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
     _on_gone: Callable[[], None] | None = None
     _instance = ""
     _signalled = False
+    _tree: ProcessTree | None = None
 
     def _signal_group(self, sig: int) -> None:
         self._signalled = True  # what the client says after our signal is no failure
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # The command's processes are this host's: its group, and its tree as
+        # seen before each signal (children that call setsid leave the group).
+        if self._tree is None:
+            self._tree = ProcessTree(self.pid)
+        self._tree.stop(sig)
+
+    def tree_alive(self) -> bool:
+        if self._tree is None:
+            return self.poll() is None
+        self._tree.refresh()
+        return bool(self._tree.alive())
 
     def terminate(self) -> None:
         self._signal_group(signal.SIGTERM)
@@ -374,6 +382,9 @@ class SingularityEnvironment(BaseEnvironment):
             handle.terminate()  # type: ignore[attr-defined]
         else:
             handle.kill()
+
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        return handle.tree_alive() if isinstance(handle, _ExecProcess) else None
 
     def cleanup(self) -> None:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
