@@ -319,7 +319,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for f in report["failed_plugins"]:
         where = f" {f['version']}" if f["version"] else ""
         print(f"plugin {f['plugin']} ({f['distribution'] or 'unknown distribution'}{where}): FAIL: {f['error']}")
-    print(f"plugin API of this core: {API_VERSION}")
+    if checked_all:
+        print(f"plugin API of this core: {API_VERSION}")
     for item in report["not_installed"]:
         print(f"{item['name']}: not installed ({item['install']})")
     return 1 if bad else 0
