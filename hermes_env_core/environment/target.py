@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from ..errors import EnvironmentClosedError, EnvironmentUnavailable, TargetLostError
+from ..plugins.spec import API_VERSION, parse_api_version
 from .base import BaseEnvironment
 from .channel import ChannelStream
 from .handles import ProcessHandle
@@ -37,18 +38,6 @@ from .session import WrappedCommand
 __all__ = [
     "API_VERSION", "RunRequest", "Target", "TargetEnvironment", "TargetLostError", "parse_api_version", "run_to_end",
 ]
-
-#: the version of the plugin API: this protocol, ``TargetEnvironment`` and the ``hermes_env_backends`` hookspec
-API_VERSION = "1.0"
-
-
-def parse_api_version(text: str) -> tuple[int, int]:
-    """``"1.0"`` -> ``(1, 0)``; ``ValueError`` naming the value for anything else."""
-    major, dot, minor = str(text).partition(".")
-    if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()):
-        raise ValueError(f"plugin API version {text!r} is not of the form MAJOR.MINOR (such as {API_VERSION!r})")
-    return int(major), int(minor)
-
 
 @dataclass(frozen=True)
 class RunRequest:
