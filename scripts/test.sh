@@ -60,6 +60,11 @@ step "each backend's own logic lines (scripts/logic-lines.py)"
 "$PY" scripts/logic-lines.py || status=1
 
 run_suite core tests
+# docker and ssh default to the resident shell channel; their conformance runs
+# both ways, and here the rest of their tests run through one process per command.
+HERMES_ENV_CHANNEL=0 run_suite core-process \
+    tests/backends/test_docker.py tests/backends/test_ssh.py tests/processes/test_bg_docker.py \
+    tests/processes/test_bg_ssh.py -k "not Conformance"
 
 # Plugins, then the third-party examples that are distributions: each alone, with its [test] extra.
 for dir in plugins/*/ examples/*/; do
