@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -100,6 +101,11 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    cgroup: bool = Field(
+        True,
+        description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
+        "timeout, cancel or close stops every process it started.",
+    )
     # Here a new process is as cheap as the channel's fork in the server, and
     # it reports peak memory: the resident channel is opt-in.
     channel: bool = Field(
@@ -248,20 +254,19 @@ class LocalEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         args = [self._bash, "-l"] if login else [self._bash]
-        cgroup = _new_cgroup()
-        if cgroup is not None:
-            # bash joins its cgroup before it can start anything: a shell moves
-            # itself there, then becomes bash.
-            args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
+        cgroup = _new_cgroup() if self.config.cgroup else None  # type: ignore[attr-defined]
+        # bash joins its cgroup before it runs anything of the command (on the
+        # first line, so that line numbers stay those of the script).
+        join = f"builtin echo 0 >{shlex.quote(cgroup.procs)} 2>/dev/null; " if cgroup is not None else ""
         pass_fds: tuple[int, ...] = ()
         script_r = script_w = -1
         if len(script) > _SCRIPT_ARG_LIMIT:
             # Too long for one argv string: bash reads it from a pipe instead.
             script_r, script_w = os.pipe()
             pass_fds = (script_r,)
-            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
+            args += ["-c", f"{join}builtin source /dev/fd/{script_r}", "bash"]
         else:
-            args += ["-c", script, "bash"]
+            args += ["-c", join + script, "bash"]
         spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         try:
             proc = _CommandPopen(
@@ -330,12 +335,9 @@ class LocalEnvironment(BaseEnvironment):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'
-
-
 def _new_cgroup() -> CommandCgroup | None:
     pool = cgroup_pool()
-    if pool is None or not os.path.exists("/bin/sh"):
+    if pool is None:
         return None
     try:
         return CommandCgroup(*pool)
