@@ -102,6 +102,11 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    cgroup: bool = Field(
+        True,
+        description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
+        "timeout, cancel or close stops every process it started.",
+    )
     # Here a new process is as cheap as the channel's fork in the server, and
     # it reports peak memory: the resident channel is opt-in.
     channel: bool = Field(
