@@ -33,6 +33,7 @@ from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..environment.target import RunRequest
 from ..errors import EnvironmentUnavailable
+from ._local_memory import MemoryCgroup
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
@@ -138,6 +139,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     #: this process's own peak RSS (bytes) when bash was started
     spawner_peak = 0
     cgroup: CommandCgroup | None = None
+    memory: MemoryCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
 
@@ -174,11 +176,14 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
             # A child starts out with the high-water mark of the process it
             # was forked from (the kernel keeps it across exec): a figure no
             # higher than ours then says nothing about the command.
+            # higher than ours then says nothing about the command. Its own
+            # memory cgroup, where one could be made, counts just the command.
             peak = ru.ru_maxrss * 1024  # kilobytes on Linux
+            measured = self.memory.peak() if self.memory is not None else None
             self.usage = Usage(
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
-                max_rss_bytes=peak if peak > self.spawner_peak else None,
+                max_rss_bytes=measured if measured is not None else peak if peak > self.spawner_peak else None,
                 oom_killed=None,
             )
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -195,6 +200,9 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
             cg.release(keep_alive=not self.stopping)
+        mem, self.memory = self.memory, None
+        if mem is not None:
+            mem.release()
         return code
 
     def _wait_bash(self, timeout: float | None) -> int:
@@ -328,9 +336,12 @@ def start_bash(
     args = [found, "-l"] if request.login else [found]
     script = request.script
     group = _new_cgroup() if cgroup else None
-    # bash joins its cgroup before it runs anything of the command (on the
+    memory = MemoryCgroup.make()
+    # bash joins its cgroups before it runs anything of the command (on the
     # script's first line, so that line numbers stay those of the script).
-    join = f"builtin echo 0 >{shlex.quote(group.procs)} 2>/dev/null; " if group is not None else ""
+    join = "".join(
+        f"builtin echo 0 >{shlex.quote(c.procs)} 2>/dev/null; " for c in (group, memory) if c is not None
+    )
     pass_fds: tuple[int, ...] = ()
     script_r = script_w = -1
     if len(script) > _SCRIPT_ARG_LIMIT:
@@ -355,6 +366,8 @@ def start_bash(
     except OSError as exc:
         if group is not None:
             group.release(keep_alive=False)
+        if memory is not None:
+            memory.release()
         if script_w >= 0:
             os.close(script_w)
         raise EnvironmentUnavailable(f"local: cannot start {bash}: {exc}") from exc
@@ -362,6 +375,7 @@ def start_bash(
         if script_r >= 0:
             os.close(script_r)
     proc.cgroup = group
+    proc.memory = memory
     proc.spawner_peak = spawner_peak
     if script_w >= 0:
         feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
