@@ -225,6 +225,7 @@ class LocalEnvironment(BaseEnvironment):
     background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
+    state_dir_private = True  # mkdtemp: 0700, random name
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:

@@ -105,6 +105,7 @@ class SSHEnvironment(BaseEnvironment):
     # wrapper need not write a pidfile (which a quick timeout could outrun,
     # leaving a previous command's pid there).
     records_pid = False
+    state_dir_private = True  # made 0700 with a random name by the probe
     config_model = SSHConfig
 
     def __init__(self, config: SSHConfig | None = None, **options: Any) -> None:
@@ -116,7 +117,7 @@ class SSHEnvironment(BaseEnvironment):
         self._conn = _import_conn()
         self._label = _host_label(cfg.host, cfg.port)
         self._known_hosts = Path(cfg.known_hosts).expanduser()
-        self._exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in cfg.env.items())
+        self._exports = "; ".join(f"builtin export {k}={shlex.quote(v)}" for k, v in cfg.env.items())
         self._lock = threading.Lock()
         self._transport: paramiko.Transport | None = None
         self._home = ""
@@ -293,10 +294,14 @@ class SSHEnvironment(BaseEnvironment):
             self.config = self.config.model_copy(update={"cwd": self._home + cwd[1:]})
         return self._remote_dir
 
+    def _preamble(self) -> str:
+        # Configured values travel in the private script, never on the command line.
+        return self._exports
+
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        head = _PID_LINE + self._exports
+        head = _PID_LINE
         command = head + self._in_bash(script, login=login)
         payload = stdin_data
         if len(command.encode("utf-8", "surrogateescape")) > _COMMAND_LIMIT:

@@ -27,15 +27,19 @@ from hypothesis import strategies as st
 
 from ..environment.base import BaseEnvironment
 from ..environment.result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT
+from .longlived import DifferentialConformance, LongLivedConformance, PrivacyConformance
 
 __all__ = [
     "BackgroundConformance",
     "CancelConformance",
     "CwdConformance",
+    "DifferentialConformance",
     "EnvironmentConformance",
     "EnvironmentFixture",
     "ExitCodeConformance",
+    "LongLivedConformance",
     "OutputConformance",
+    "PrivacyConformance",
     "QuotingConformance",
     "StateConformance",
     "StdinConformance",
@@ -425,5 +429,8 @@ class EnvironmentConformance(
     TimeoutConformance,
     CancelConformance,
     BackgroundConformance,
+    DifferentialConformance,
+    LongLivedConformance,
+    PrivacyConformance,
 ):
     """Every behaviour of the ``execute()`` contract."""

@@ -22,9 +22,16 @@ from hermes_env_core.testing import EnvironmentConformance
 
 
 class HeredocLocal(LocalEnvironment):
+    """Like a backend whose SDK cannot stream stdin: the private script goes through a 0600 file."""
+
     _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     name = "local-heredoc"
     stdin_mode = "heredoc"
+
+    def _put_private_file(self, path, data):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 class ThreadedLocal(LocalEnvironment):
@@ -101,7 +108,7 @@ class Exploding(LocalEnvironment):
     fail_on = "boom"
 
     def _run_bash(self, script, *, login, timeout, stdin_data):
-        if self.fail_on not in script:
+        if self.fail_on.encode() not in (stdin_data or b""):  # the command travels privately
             return super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
 
         def target(write):
@@ -189,8 +196,10 @@ def test_pidfile_of_an_earlier_command_is_not_trusted():
         env.execute("true")
         w = env.session.wrap("true", record_pid=True)
         env.session.release(w)
-        assert w.pid_from(f"123 {w.nonce}") == 123
+        assert w.pid_from(f"123 {w.pid_token}") == 123
         assert w.pid_from("123 someothernonce") is None
+        # The pidfile's token is not the frame's nonce: a child reading it cannot forge a frame.
+        assert w.pid_token != w.nonce and w.nonce not in w.pid_token
         assert w.pid_from("123") is None
 
 
@@ -198,7 +207,7 @@ class NotingLocal(LocalEnvironment):
     _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     def _run_bash(self, script, *, login, timeout, stdin_data):
         proc = super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
-        if "mark-me" in script:
+        if b"; echo mark-me" in (stdin_data or b""):
             proc.notes = ("this command only",)  # type: ignore[attr-defined]
         return proc
 

@@ -436,7 +436,7 @@ class KubernetesEnvironment(BaseEnvironment):
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         sig = "TERM" if graceful else "KILL"
-        script = (f'{KILL_TREE_FN}read -r p n <{shlex.quote(wrapped.pidfile)}; [ "$n" = {shlex.quote(wrapped.nonce)} ]'
+        script = (f'{KILL_TREE_FN}read -r p n <{shlex.quote(wrapped.pidfile)}; [ "$n" = {shlex.quote(wrapped.pid_token)} ]'
                   f' && __hermes_kill_tree {sig} "$p"')
         try:
             self._helper(script)
