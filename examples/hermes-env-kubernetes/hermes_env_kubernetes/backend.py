@@ -33,12 +33,13 @@ RBAC = "pods: create, get, list, delete; pods/exec: get, create; events: list"
 _LINGER_S = 0.5  # after bash reported, how long a background child may hold the stream
 # The script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read from
 # the exec's stdin by length, then the command's stdin follows (bounded too on v4, which cannot half-close).
-# Then a new `bash -c` runs it (a script past the argv limit: as its script file). Its argv[0]
-# carries the command's nonce, so that a second exec can find its process tree.
+# Then a new `bash -c` runs it (a script past the argv limit: as its script file). The exported
+# nonce marks every process of the command, even one that left the tree (setsid, re-parented).
 _PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); [[ $2 == - ]] || exec < <(head -c "$2")\n'
-            '(( ${#__hermes_src} < 60000 )) && exec -a "hermes-$3" bash $4 -c "${__hermes_src%x}" bash\n'
-            'exec -a "hermes-$3" bash $4 <(builtin printf %s "${__hermes_src%x}")')
-_FIND = 'for p in /proc/[0-9]*; do read -r -d "" a <"$p/cmdline"; [[ $a == hermes-{0} ]] && __hermes_kill_tree {1} "${{p#/proc/}}"; done 2>/dev/null; true'
+            'export __hermes_exec=$3; (( ${#__hermes_src} < 60000 )) && exec bash $4 -c "${__hermes_src%x}" bash\n'
+            'exec bash $4 <(builtin printf %s "${__hermes_src%x}")')
+_FIND = ('m=__hermes_exec={0}; for p in /proc/[0-9]*; do mapfile -d "" -t e <"$p/environ" || continue; '
+         '[[ " ${{e[*]}} " == *" $m "* ]] && __hermes_kill_tree {1} "${{p#/proc/}}"; done 2>/dev/null; true')
 
 _reaped: set[str] = set()
 
@@ -75,7 +76,7 @@ class _Exec:
     def __init__(self, ws: Any, stdin: bytes | None, keepalive: float, v5: bool, merge: bool = True) -> None:
         r, self._w = os.pipe()
         self.stdout = os.fdopen(r, "rb", buffering=0)
-        self.ws, self.returncode, self.error, self.killer = ws, None, None, None
+        self.ws, self.returncode, self.error, self.killer, self.killed = ws, None, None, None, False
         self.stderr, self._merge, self._code = b"", merge, 0
         self._done, self._send = threading.Event(), threading.Lock()
         ws.sock.settimeout(keepalive)
@@ -136,15 +137,17 @@ class _Exec:
             # bash has reported (the base waits only then); a background child holds the stream.
             self.returncode = self._code
             self.ws.close()
-        if self.error is not None and self.returncode is None:
+        if self.error is not None and self.returncode is None and not self.killed:
             raise BackendError(f"kubernetes: lost the exec stream: {self.error!r}") from self.error
         self.returncode = self._code
         return self._code
 
     def terminate(self) -> None:
+        self.killed = True  # the stream may break as the tree dies: no transport error then
         self.killer(True) if self.killer else None
 
     def kill(self) -> None:
+        self.killed = True
         self.killer(False) if self.killer else self.ws.close()
 
 
@@ -429,7 +432,7 @@ class PodTarget:
         return h.wait(5), out, h.stderr
 
     def _kill(self, nonce: str, graceful: bool) -> None:
-        """Signal the command's whole tree in the pod, found by the nonce in its argv[0]."""
+        """Signal every process of the command in the pod, found by the nonce in its environment."""
         try:
             self.helper(KILL_TREE_FN + _FIND.format(nonce, "TERM" if graceful else "KILL"))
         except HermesEnvError:
