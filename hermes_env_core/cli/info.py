@@ -338,6 +338,8 @@ def _mode(cls: type[BaseEnvironment]) -> str | None:
         return None
     if opener is _Base._open_channel:
         return "one process per command (the backend offers no resident channel)"
+    if any("offers_channel" in vars(k) for k in cls.__mro__ if k is not _Base):  # decided by its target
+        return "resident shell channel where the target offers open_channel, else one process per command"
     field = cls.config_model.model_fields.get("channel")
     on = field.get_default(call_default_factory=True) if field is not None else True
     if on:

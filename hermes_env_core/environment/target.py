@@ -23,12 +23,14 @@ import os
 import select
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from ..errors import EnvironmentClosedError, EnvironmentUnavailable, TargetLostError
 from ..plugins.spec import API_VERSION, parse_api_version
 from .base import BaseEnvironment
+from .channel import ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
 from .session import WrappedCommand
@@ -118,6 +120,18 @@ class Target(Protocol):
     def release(self) -> None:
         """Let go of everything (containers, connections, temporary files). Called once, at close."""
         ...
+
+    # Optional capability, looked up only when present (not part of the
+    # protocol's required methods):
+    #
+    #   def open_channel(self, argv: Sequence[str]) -> ChannelStream
+    #
+    # Start ``argv`` (a bash, non-login, the user, env and cwd of ``start``)
+    # with its stdin and stdout as one long-lived byte stream, no tty, stderr
+    # kept out. The core then runs a resident shell server on it and sends
+    # every command through it (see ``environment.channel``); raise
+    # ``EnvironmentUnavailable`` when the target cannot be reached (that
+    # command then goes through ``start``, which recovers a lost target).
 
 
 _DRAIN_S = 0.2  # how long to keep reading after bash has exited (a background child may hold the pipe)
@@ -243,6 +257,14 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
 
     def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
         return self.target.run_helper(script, timeout=timeout)
+
+    @property
+    def offers_channel(self) -> bool:
+        return callable(getattr(self.target, "open_channel", None))
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        stream: ChannelStream = self.target.open_channel(argv)  # type: ignore[attr-defined]
+        return stream
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)
