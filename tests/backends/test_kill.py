@@ -248,3 +248,13 @@ def test_local_command_runs_in_its_own_cgroup_unless_turned_off():
     assert rel.split("/")[-1] not in line(off)
     # Finished commands leave no cgroup behind.
     assert [d for d in os.listdir(pool) if os.path.isdir(os.path.join(pool, d))] == []
+
+
+def test_cgroups_left_by_a_dead_process_are_removed_and_live_ones_kept():
+    own, pool = local_tree.cgroup_pool()
+    dead_pid = 4_000_000  # above pid_max: no process has it
+    dead = os.path.join(own, f"hermes-env-{dead_pid}-{os.urandom(4).hex()}")
+    os.makedirs(os.path.join(dead, "c7"))
+    local_tree._sweep_dead_pools(own)
+    assert not os.path.exists(dead)
+    assert os.path.isdir(pool)  # ours: this process is alive
