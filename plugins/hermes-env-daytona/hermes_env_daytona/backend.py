@@ -562,11 +562,16 @@ class DaytonaEnvironment(BaseEnvironment):
         self._upload(data, path)
 
     def _upload(self, data: bytes, path: str) -> None:
-        sb = self._ready()
-        try:
-            sb.fs.upload_file(data, path)
-        except self._sdk.DaytonaError as exc:
-            raise self._error(exc, f"uploading {path}", BackendError) from exc
+        """Upload ``data`` to ``path``; retried once after bringing a stopped sandbox back."""
+        for attempt in (1, 2):
+            sb = self._ready()
+            try:
+                sb.fs.upload_file(data, path)
+                return
+            except self._sdk.DaytonaError as exc:
+                if attempt == 1 and self._revived_after(sb, exc):
+                    continue
+                raise self._error(exc, f"uploading {path}", BackendError) from exc
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         # Only the command's own process tree: the sandbox and other commands run on.
