@@ -24,7 +24,9 @@ from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
 from hermes_env_core.errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError
 
 from . import _sdk
-from ._commands import ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line
+from ._commands import (
+    ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line, trailer_line,
+)
 from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
 from .config import DaytonaConfig, memory_gib
 
@@ -425,13 +427,15 @@ class DaytonaEnvironment(BaseEnvironment):
         self._live.nonce = None
         end = None if nonce is None else f"\x1e{nonce}:E\n"
         script = exports(self._cfg.env) + script
-        line = session_line(script, login=login)
+        token = secrets.token_hex(12)
+        trailer = trailer_line(token)
+        line = session_line(script, login=login, token=token)
         if len(line.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
             # A large script (a large session, a large stdin) goes up as a private file that
             # deletes itself as it starts, and the session command only names it.
             path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
             self._upload(file_script(script), path)
-            line = file_session_line(path, login=login)
+            line = file_session_line(path, login=login, token=token)
         live = bool(getattr(self._live, "on", False))
         stop = threading.Event()
         forced = threading.Event()  # SIGKILL sent: no end record will come
@@ -440,7 +444,7 @@ class DaytonaEnvironment(BaseEnvironment):
         def target(write: Writer) -> int:
             started = self._start_command(line)
             follower = CommandFollower(
-                self, started, end=end, write=write, live=live, stop=stop, forced=forced, note=notes.append,
+                self, started, end=end, trailer=trailer, write=write, live=live, stop=stop, forced=forced, note=notes.append,
                 spawn=self._workers().submit,
             )
             reusable = False
@@ -449,7 +453,7 @@ class DaytonaEnvironment(BaseEnvironment):
                 reusable = code is not None
             finally:
                 self._after_command(started, reusable=reusable)
-            if code == 127 and not follower.ended and no_bash(follower.output):
+            if code == 127 and not follower.framed and no_bash(follower.output):
                 raise BackendError(
                     f"daytona: sandbox {self.sandbox_name} has no bash ({follower.output.strip()[:200]!r}); "
                     "hermes-env needs bash >= 4.4 in the image: use an image that has it (python:3.12-slim, "
@@ -458,7 +462,7 @@ class DaytonaEnvironment(BaseEnvironment):
             if code is None:
                 if stop.is_set():
                     return -1  # killed: the base class reports the timeout or the cancel
-                if follower.ended:
+                if follower.framed:
                     return 0  # the status the command's bash recorded in its frame stands
                 raise BackendError("daytona: the daemon reported no exit status for the command")
             if code < 0:
