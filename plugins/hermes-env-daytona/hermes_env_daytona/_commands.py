@@ -7,7 +7,8 @@ import secrets
 import shlex
 
 __all__ = [
-    "ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_line", "nonce_of", "session_line", "trailer_line",
+    "ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_line", "nonce_of", "session_line",
+    "stub_session_line", "trailer_line",
 ]
 
 #: Above this size a script goes up as a file: one argv string is capped at 128 KiB, and a
@@ -72,6 +73,19 @@ def session_line(script: str, *, login: bool, token: str) -> str:
     head = f"bash{' -l' if login else ''} /dev/fd/3 3<<'{delim}' </dev/null 2>&1"
     tail = f"__hermes_rc=$?; printf '\\036hermes-end:%s\\n' {token}; (exit $__hermes_rc)"
     return f"{head}\n{body}\n{delim}\n{tail}"
+
+
+def stub_session_line(stub: str, *, login: bool, token: str) -> str:
+    """The session command for the core's constant stub (its private script is in a file).
+
+    The stub holds no state, nonce or value, so it may be an argument: bash
+    gets it with ``-c`` and ``$0 = bash``, which is what bash's own messages
+    are named after (``bash: line 1: ...``), as with one long-lived bash.
+    """
+    return (
+        f"bash{' -l' if login else ''} -c {shlex.quote(stub)} bash </dev/null 2>&1; "
+        f"__hermes_rc=$?; printf '\\036hermes-end:%s\\n' {token}; (exit $__hermes_rc)"
+    )
 
 
 def file_session_line(path: str, *, login: bool, token: str) -> str:

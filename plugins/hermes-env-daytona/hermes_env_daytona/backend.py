@@ -25,7 +25,15 @@ from hermes_env_core.errors import BackendError, EnvironmentClosedError, Environ
 
 from . import _sdk
 from ._commands import (
-    ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line, trailer_line,
+    ARG_LIMIT,
+    bash_line,
+    exports,
+    file_script,
+    file_session_line,
+    nonce_of,
+    session_line,
+    stub_session_line,
+    trailer_line,
 )
 from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
 from .config import DaytonaConfig, memory_gib
@@ -38,6 +46,8 @@ __all__ = ["DaytonaEnvironment"]
 log = logging.getLogger(__name__)
 
 _AUX_TIMEOUT_S = 30  # kill, pid and output-polling commands
+#: The core exports a backend's configured env itself (``_preamble``) when it has that hook.
+_CORE_PREAMBLE = hasattr(BaseEnvironment, "_preamble")
 _TASK_LABEL = "hermes-env-task"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -423,13 +433,20 @@ class DaytonaEnvironment(BaseEnvironment):
         self._ready()  # raise here, not from the handle, when the sandbox cannot run
         # The frame's nonce is in the script, or (private script in a file) in what
         # _put_private_file just wrote for this thread.
-        nonce = nonce_of(script) or getattr(self._live, "nonce", None)
+        private_nonce = getattr(self._live, "nonce", None)
         self._live.nonce = None
+        nonce = private_nonce or nonce_of(script)
         end = None if nonce is None else f"\x1e{nonce}:E\n"
-        script = exports(self._cfg.env) + script
         token = secrets.token_hex(12)
         trailer = trailer_line(token)
-        line = session_line(script, login=login, token=token)
+        if private_nonce is not None:
+            # The core's stub, its private script already in the session's 0700 directory.
+            line = stub_session_line(script, login=login, token=token)
+        else:
+            # A script that may hold state or values: never an argument, always the here-document.
+            if not _CORE_PREAMBLE:
+                script = exports(self._cfg.env) + script
+            line = session_line(script, login=login, token=token)
         if len(line.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
             # A large script (a large session, a large stdin) goes up as a private file that
             # deletes itself as it starts, and the session command only names it.
@@ -559,6 +576,10 @@ class DaytonaEnvironment(BaseEnvironment):
     def _aux(self, script: str, what: str) -> str:
         """A short helper script's output; BackendError when it cannot run."""
         return self.run_script(script, what).result or ""
+
+    def _preamble(self) -> str:
+        """The configured ``env``, exported at the top of the private script (never on a command line)."""
+        return exports(self._cfg.env).rstrip("; ")
 
     def _put_private_file(self, path: str, data: bytes) -> None:
         """The private wrapper script, written into the session's 0700 directory before bash starts."""
