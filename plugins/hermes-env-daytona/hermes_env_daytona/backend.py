@@ -408,6 +408,8 @@ class DaytonaEnvironment(BaseEnvironment):
         """Whether ``sb`` had stopped or vanished and is running again (so retrying is safe)."""
         if isinstance(exc, (self._sdk.DaytonaAuthenticationError, self._sdk.DaytonaRateLimitError)):
             return False
+        if getattr(exc, "status_code", None) in (401, 403, 429):  # the file API's plain DaytonaError
+            return False
         with self._ready_lock:
             if self._sandbox is not sb:
                 return True  # another thread replaced it already
@@ -673,8 +675,13 @@ class DaytonaEnvironment(BaseEnvironment):
                 errors.append(exc)
                 log.warning("daytona: pulling files back from %s failed: %s", self.sandbox_name, exc)
         if sb is not None and _sdk.state_of(sb) == "started":
-            try:  # the session's files in the sandbox's /tmp: they describe this environment only
-                self.run_script(f"rm -f -- {shlex.quote(f'{self._state_dir()}/.hermes-{self.task_id}-')}*", "tidying up")
+            try:  # the session's files: they describe this environment only
+                private = getattr(self._session, "state_dir", None)
+                if private and private != self._state_dir():
+                    self.run_script(f"rm -rf -- {shlex.quote(private)}", "tidying up")
+                else:
+                    pattern = shlex.quote(f"{self._state_dir()}/.hermes-{self.task_id}-")
+                    self.run_script(f"rm -f -- {pattern}*", "tidying up")
             except HermesEnvError:
                 pass
         if sb is not None:
