@@ -20,7 +20,7 @@ from pydantic_core import PydanticUndefined
 from ..environment.base import BaseEnvironment
 from ..errors import HermesEnvError
 from ..plugins.registry import KNOWN_BACKENDS, BackendRegistry, get_registry
-from ..plugins.spec import BackendSpec
+from ..plugins.spec import API_VERSION, BackendSpec
 from .common import PROG, add_command, environment, exit_status_of, factory_for, print_table
 
 __all__ = ["add_commands"]
@@ -88,14 +88,16 @@ def cmd_backends(args: argparse.Namespace) -> int:
     conflicts = {key: [s.distribution for s in specs] for key, specs in registry.conflicts.items()}
     missing = _not_installed(registry)
     if args.json:
-        payload = {"backends": rows, "failed_plugins": failed, "conflicts": conflicts, "not_installed": missing}
+        payload = {"api_version": API_VERSION, "backends": rows, "failed_plugins": failed, "conflicts": conflicts,
+                   "not_installed": missing}
         print(json.dumps(payload, indent=2))
         return 0
-    table = [["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "STATUS"]]
+    table = [["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "API", "STATUS"]]
     for row in rows:
         status = "loadable" if row["loadable"] else f"not loadable: {row['reason']}"
         table.append(
-            [row["name"], ",".join(row["aliases"]) or "-", row["distribution"] or "-", row["version"] or "-", status]
+            [row["name"], ",".join(row["aliases"]) or "-", row["distribution"] or "-", row["version"] or "-",
+             row["api_version"], status]
         )
     print_table(table)
     if failed:
@@ -111,7 +113,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print("\nknown backends not installed:")
         for item in missing:
             print(f"  {item['name']}: {item['install']}")
-    print(f"\n(listing imports no backend; `{PROG} doctor` imports each and checks its requirements)")
+    print(f"\nplugin API of this core: {API_VERSION} (a plugin built for another major version is refused)")
+    print(f"(listing imports no backend; `{PROG} doctor` imports each and checks its requirements)")
     return 0
 
 
@@ -130,6 +133,7 @@ def _backend_row(registry: BackendRegistry, spec: BackendSpec) -> dict[str, Any]
         "aliases": list(spec.aliases),
         "distribution": spec.distribution,
         "version": info.version if info else None,
+        "api_version": spec.api_version,
         "summary": spec.summary,
         "target": spec.target,
         "loadable": loadable,
@@ -276,7 +280,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         names = [factory_for(args).resolve(None, option_strings=dict(args.option)).backend]
     checked_all = not names
     names = names or registry.names()
-    report: dict[str, Any] = {"backends": [], "failed_plugins": [], "not_installed": []}
+    report: dict[str, Any] = {"api_version": API_VERSION, "backends": [], "failed_plugins": [], "not_installed": []}
     for name in names:
         entry: dict[str, Any] = {"name": name, "ok": True, "problems": []}
         report["backends"].append(entry)
@@ -286,8 +290,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             entry.update(ok=False, problems=[str(exc)], load_error=True)
             continue
         entry["problems"] = _check(cls)
+        entry["mode"] = _mode(cls)
         if not entry["problems"] and probe:
             entry["problems"], entry["probe"] = _probe(args, name)
+            entry["mode"] = _probed_mode.pop(name, entry["mode"])
         entry["ok"] = not entry["problems"]
     if checked_all or probe:
         report["failed_plugins"] = _failed_plugins(registry)
@@ -302,6 +308,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if entry["ok"]:
             extra = f" ({entry['probe']})" if entry.get("probe") else ""
             print(f"{entry['name']}: ok{extra}")
+            if entry.get("mode"):
+                print(f"  commands: {entry['mode']}")
         elif entry.get("load_error"):
             print(f"{entry['name']}: FAIL: {entry['problems'][0]}")
         else:
@@ -311,9 +319,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for f in report["failed_plugins"]:
         where = f" {f['version']}" if f["version"] else ""
         print(f"plugin {f['plugin']} ({f['distribution'] or 'unknown distribution'}{where}): FAIL: {f['error']}")
+    if checked_all:
+        print(f"plugin API of this core: {API_VERSION}")
     for item in report["not_installed"]:
         print(f"{item['name']}: not installed ({item['install']})")
     return 1 if bad else 0
+
+
+_probed_mode: dict[str, str] = {}
+
+
+def _mode(cls: type[BaseEnvironment]) -> str | None:
+    """How this backend's commands reach its target by default (resident channel or processes)."""
+    from ..environment.base import BaseEnvironment as _Base
+
+    opener = getattr(cls, "_open_channel", None)
+    if opener is None or not isinstance(cls, type) or not issubclass(cls, _Base):
+        return None
+    if opener is _Base._open_channel:
+        return "one process per command (the backend offers no resident channel)"
+    if any("offers_channel" in vars(k) for k in cls.__mro__ if k is not _Base):  # decided by its target
+        return "resident shell channel where the target offers open_channel, else one process per command"
+    field = cls.config_model.model_fields.get("channel")
+    on = field.get_default(call_default_factory=True) if field is not None else True
+    if on:
+        return "resident shell channel (one process per command if the target's bash cannot run it)"
+    return "one process per command (a resident channel is available: channel=true)"
 
 
 def _check(cls: type[BaseEnvironment]) -> list[str]:
@@ -333,6 +364,7 @@ def _probe(args: argparse.Namespace, name: str) -> tuple[list[str], str | None]:
     try:
         with environment(probe_args) as env:
             result = env.execute("echo hermes-env-doctor", timeout=120)
+            _probed_mode[name] = env.channel_mode
     except HermesEnvError as exc:
         kind = "configuration" if exit_status_of(exc) == 2 else "start"
         return [f"{kind}: {exc}"], None

@@ -87,24 +87,28 @@ def test_timeout_leaves_the_same_channel_usable(env):
     assert _server_pids(env) == before
 
 
-def test_concurrent_commands_open_channels_up_to_the_limit():
+def test_concurrent_commands_open_channels_up_to_the_limit_then_queue():
     with LocalEnvironment(max_channels=2, channel=True) as e:
         e.execute("true")
-        barrier = "/tmp/hermes_t_bar_" + os.urandom(4).hex()
+        d = "/tmp/hermes_t_par_" + os.urandom(4).hex()
+        e.execute(f"mkdir {d}")
         results = []
+        # Each waits until two run at once (only possible in parallel), and
+        # reports how many it saw running (more than two: the limit leaked).
+        cmd = (f"touch {d}/run.$$; n=0; while c=$(ls {d} | wc -l); [ $c -lt 2 ]; do sleep 0.02; "
+               f"n=$((n+1)); [ $n -gt 500 ] && exit 9; done; ls {d} | wc -l; sleep 0.1; rm {d}/run.$$")
 
-        def run(i):
-            # Each waits until all four run at once: only possible in parallel.
-            results.append(e.execute(f"touch {barrier}.{i}; n=0; while [ $(ls {barrier}.* | wc -l) -lt 4 ]; "
-                                     f"do sleep 0.05; n=$((n+1)); [ $n -gt 200 ] && exit 9; done; echo {i}"))
+        def run():
+            results.append(e.execute(cmd))
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=run) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        e.execute(f"rm -f {barrier}.*")
-        assert sorted(r.output for r in results) == ["0\n", "1\n", "2\n", "3\n"]
+        e.execute(f"rm -rf {d}")
+        assert [r.exit_code for r in results] == [0, 0, 0, 0], [r.output for r in results]
+        assert all(int(r.output) == 2 for r in results), [r.output for r in results]
         assert e._channels is not None and e._channels.opened == 2
 
 
@@ -176,3 +180,49 @@ def test_usage_through_the_channel_has_the_trees_cpu(env):
     assert r.usage.max_rss_bytes is None  # bash cannot tell; the process path can
     r = env.execute("kill -9 $$")
     assert (r.exit_code, r.signal) == (137, 9)
+
+
+def test_a_target_that_offers_open_channel_gets_the_channel():
+    """A third-party backend written against ``Target`` opts in with one method."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from hermes_env_core.environment.channel import PipeStream
+    from hermes_env_core.environment.target import RunRequest, Target, TargetEnvironment
+    from hermes_env_core.backends.local import start_bash
+
+    class PipeTarget(Target):
+        def __init__(self) -> None:
+            self.dir = tempfile.mkdtemp(prefix="hermes-t-chan-")
+            self.opened = 0
+
+        def start(self, request: RunRequest):
+            return start_bash(request)
+
+        def open_channel(self, argv):
+            self.opened += 1
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return PipeStream(proc.stdin, proc.stdout, on_close=lambda: (proc.kill(), proc.wait()),
+                              exited=lambda: proc.poll() is not None)
+
+        def state_dir(self) -> str:
+            return self.dir
+
+        def recover(self, why: str) -> bool:
+            return False
+
+        def release(self) -> None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    class PipeEnvironment(TargetEnvironment):
+        name = "pipe"
+
+        def make_target(self, config):
+            return PipeTarget()
+
+    with PipeEnvironment() as e:
+        assert e.execute("x=7; cd /tmp").exit_code == 0
+        assert e.execute('echo "$x $PWD"').output == "7 /tmp\n"
+        assert e.channel_mode == "channel" and e.target.opened == 1

@@ -62,6 +62,8 @@ def _import_sdk() -> Any:
 class DirectModalEnvironment(ModalEnvironment):
     """One Modal sandbox per environment, reached with the SDK."""
 
+    stdin_mode = "pipe"  # the SDK streams stdin: the private script goes there
+
     mode = "direct"
     config_model = ModalConfig
 
@@ -218,7 +220,11 @@ class DirectModalEnvironment(ModalEnvironment):
         argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
         body = script.encode("utf-8", "surrogateescape")
         upload: bytes | None = None
-        if len(body) <= _ARG_LIMIT:
+        if stdin_data is not None:
+            # The session's private script: through stdin, never on the command line.
+            argv.append(head + "exec 2>&1; " + script)
+            upload = stdin_data
+        elif len(body) <= _ARG_LIMIT:
             # stdin closed (no command waits on it); stderr merged from the first statement.
             argv.append(head + "exec </dev/null 2>&1; " + script)
         else:
@@ -282,12 +288,16 @@ class DirectModalEnvironment(ModalEnvironment):
         # NotFoundError: the router's answer for a finished task. ServiceError and
         # ConnectionError: what the SDK raises when its retries run out -- a
         # sandbox that died with its worker looks like that; poll() tells.
-        if not isinstance(exc, (mex.NotFoundError, mex.SandboxTerminatedError, mex.ServiceError, mex.ConnectionError)):
+        gone = isinstance(exc, (mex.NotFoundError, mex.SandboxTerminatedError))
+        if not gone and not isinstance(exc, (mex.ServiceError, mex.ConnectionError)):
             return False
         try:
             return self._loop.run(sandbox.poll.aio(), timeout=_CALL_S) is not None
-        except Exception:  # noqa: BLE001 - cannot even ask: treat as gone
-            return True
+        except Exception:  # noqa: BLE001 - cannot even ask
+            # After NotFound the sandbox is gone either way; after a service or
+            # connection error Modal may just be unreachable: a sandbox that may
+            # still run is not abandoned, the error is raised.
+            return gone
 
     def _recreate(self, dead: Any) -> None:
         with self._sb_lock:
