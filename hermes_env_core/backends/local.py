@@ -30,11 +30,13 @@ from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
+from ..environment.target import RunRequest
 from ..errors import EnvironmentUnavailable
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
-    "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
+    "LocalConfig", "LocalEnvironment", "ProcessTree", "SECRET_PATTERNS", "carries_url_password", "feed_stdin",
+    "filter_environment", "start_bash",
 ]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
@@ -225,6 +227,7 @@ class LocalEnvironment(BaseEnvironment):
     background_options: dict[str, object] = {}
     stdin_mode = "pipe"
     shares_host_filesystem = True
+    state_dir_private = True  # mkdtemp: 0700, random name
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:
@@ -246,49 +249,9 @@ class LocalEnvironment(BaseEnvironment):
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        args = [self._bash, "-l"] if login else [self._bash]
-        cgroup = _new_cgroup()
-        if cgroup is not None:
-            # bash joins its cgroup before it can start anything: a shell moves
-            # itself there, then becomes bash.
-            args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
-        pass_fds: tuple[int, ...] = ()
-        script_r = script_w = -1
-        if len(script) > _SCRIPT_ARG_LIMIT:
-            # Too long for one argv string: bash reads it from a pipe instead.
-            script_r, script_w = os.pipe()
-            pass_fds = (script_r,)
-            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
-        else:
-            args += ["-c", script, "bash"]
-        spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        try:
-            proc = _CommandPopen(
-                args,
-                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                start_new_session=True,
-                pass_fds=pass_fds,
-                cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
-            )
-        except OSError as exc:
-            if cgroup is not None:
-                cgroup.release(keep_alive=False)
-            raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
-        finally:
-            if script_r >= 0:
-                os.close(script_r)
-        proc.cgroup = cgroup
-        proc.spawner_peak = spawner_peak
-        if script_w >= 0:
-            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
-        if proc.stdout is not None:
-            _widen_pipe(proc.stdout.fileno())
-        if stdin_data is not None:
-            feed_stdin(proc.stdin, stdin_data)
-        return proc
+        cwd = self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None
+        request = RunRequest(script=script, login=login, stdin=stdin_data, timeout=timeout)
+        return start_bash(request, env=self._env, cwd=cwd, bash=self._bash)
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
@@ -327,6 +290,75 @@ class LocalEnvironment(BaseEnvironment):
 
     def cleanup(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def start_bash(
+    request: RunRequest, *, env: Mapping[str, str] | None = None, cwd: str | None = None, bash: str = "bash"
+) -> ProcessHandle:
+    """Start ``bash -c request.script`` on this machine, as the local backend does.
+
+    For a ``Target`` whose commands run here (or behind a local command such
+    as a container runtime's CLI): output merged on ``stdout``; ``stdin`` fed
+    from a thread and closed (no stdin: end of input at once); a script past
+    the argv limit read from a pipe; bash in a new session and, where one can
+    be made, its own cgroup. The handle's ``terminate()`` and ``kill()`` reach
+    the whole tree (``setsid`` children included), ``tree_alive()`` tells
+    whether any of it is left, ``wait()`` reaps it and fills ``usage``.
+    ``env`` defaults to this process's environment with secrets filtered out
+    (``filter_environment``). Raises ``EnvironmentUnavailable`` when bash
+    cannot be started.
+    """
+    if env is None:
+        env = filter_environment(os.environ)
+    found = bash if os.path.isabs(bash) and os.access(bash, os.X_OK) else shutil.which(bash, path=env.get("PATH"))
+    if found is None:
+        raise EnvironmentUnavailable(f"local: cannot start {bash}: not an executable file (nor on PATH)")
+    args = [found, "-l"] if request.login else [found]
+    script = request.script
+    cgroup = _new_cgroup()
+    if cgroup is not None:
+        # bash joins its cgroup before it can start anything: a shell moves
+        # itself there, then becomes bash.
+        args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
+    pass_fds: tuple[int, ...] = ()
+    script_r = script_w = -1
+    if len(script) > _SCRIPT_ARG_LIMIT:
+        # Too long for one argv string: bash reads it from a pipe instead.
+        script_r, script_w = os.pipe()
+        pass_fds = (script_r,)
+        args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
+    else:
+        args += ["-c", script, "bash"]
+    spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        proc = _CommandPopen(
+            args,
+            stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env if isinstance(env, dict) else dict(env),
+            start_new_session=True,
+            pass_fds=pass_fds,
+            cwd=cwd,
+        )
+    except OSError as exc:
+        if cgroup is not None:
+            cgroup.release(keep_alive=False)
+        if script_w >= 0:
+            os.close(script_w)
+        raise EnvironmentUnavailable(f"local: cannot start {bash}: {exc}") from exc
+    finally:
+        if script_r >= 0:
+            os.close(script_r)
+    proc.cgroup = cgroup
+    proc.spawner_peak = spawner_peak
+    if script_w >= 0:
+        feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
+    if proc.stdout is not None:
+        _widen_pipe(proc.stdout.fileno())
+    if request.stdin is not None:
+        feed_stdin(proc.stdin, request.stdin)
+    return proc
 
 
 _JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'

@@ -10,7 +10,10 @@ import abc
 import errno
 import logging
 import os
+import posixpath
+import secrets
 import select
+import shlex
 import subprocess
 import threading
 import time
@@ -19,13 +22,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
-from .channel import ChannelCommand, ChannelPool, ChannelStream
+from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
-from .session import ShellSession, StateParseError, WrappedCommand
+from .session import SessionState, ShellSession, StateParseError, WrappedCommand, check_command
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
 
@@ -77,6 +80,9 @@ class BaseEnvironment(abc.ABC):
     #: read its state file directly instead of through the output stream)
     shares_host_filesystem: ClassVar[bool] = False
     config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+    #: the target's bash may print before a command's script runs (an rc file
+    #: sourced under sshd); the channel then drops what comes first
+    channel_startup_noise: ClassVar[bool] = False
 
     def __init__(self, config: EnvironmentConfig | None = None, **options: Any) -> None:
         if config is None:
@@ -129,12 +135,36 @@ class BaseEnvironment(abc.ABC):
         """Hook: a command that ran through a channel exited with ``code`` (may
         add notes, or raise ``BackendError`` when the target died under it)."""
 
+    def _channel_orphaned(self, server_pid: int) -> None:
+        """Hook: a lost channel's server (pid in the target) may still run with
+        its command, e.g. when only the connection dropped; stop it if you can."""
+
     def _before_execute(self) -> None:
         """Hook run before each command (remote backends sync files here)."""
 
     def _state_dir(self) -> str:
-        """A directory in the target where the session may keep small files."""
+        """A directory in the target where the session keeps small files.
+
+        It must be private: owned by the session's user, mode 0700, with a name
+        no other user can guess (``state_dir_private``). A backend that returns
+        a shared directory (the default, ``/tmp``) gets a private one made
+        inside it by the core.
+        """
         return "/tmp"
+
+    #: ``_state_dir()`` is already private (0700, unguessable); else the core makes one inside it
+    state_dir_private: ClassVar[bool] = False
+
+    def _put_private_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` in the target, readable only by the session's user.
+
+        Only for backends that cannot feed bash's stdin (``stdin_mode =
+        "heredoc"``): the wrapper script, which holds the session state and the
+        frame nonce, then travels through this file instead of a command line.
+        ``path`` is in the private state directory; bash empties it before the
+        command runs. Not overridden: the script goes on the command line.
+        """
+        raise NotImplementedError
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         """Stop the command's whole process tree; the default signals the handle."""
@@ -208,14 +238,14 @@ class BaseEnvironment(abc.ABC):
             raise ValueError(f"timeout must be a number of seconds > 0 (None for the configured default), got {timeout!r}")
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+        check_command(command)
         session = self.session
         self._before_execute()
         started = time.monotonic()  # the command's own time, not setup or sync
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        heredoc = data if self.stdin_mode == "heredoc" and data is not None else None
         wrapped = session.wrap(
-            command, cwd=cwd, stdin_heredoc=heredoc, record_pid=self.records_pid,
-            state_in_file=self.shares_host_filesystem,
+            command, cwd=cwd, stdin=data, record_pid=self.records_pid, channel=self._channel(),
+            preamble=self._preamble(), login=self._login_each,
         )
         limit = self.config.max_output_bytes
         capture = OutputCapture(limit, spill_dir=self.config.spill_dir, on_output=on_output)
@@ -231,7 +261,6 @@ class BaseEnvironment(abc.ABC):
                 capture,
                 login=self._login_each,
                 timeout=eff_timeout,
-                stdin_data=None if heredoc is not None else data,
                 cancel=cancel,
             )
         finally:
@@ -243,11 +272,19 @@ class BaseEnvironment(abc.ABC):
         exit_code = run.exit_code
         if run.frame is not None and not run.corrupt:
             try:
-                session.accept(wrapped, _frame(run.frame))
+                state = session.accept(wrapped, _frame(run.frame))
             except StateParseError as exc:
                 notes.append(f"session state not saved: {exc}")
+            else:
+                if state is not None:
+                    notes += self._leftover_notes(state, session.baseline)
         elif run.corrupt:
             notes.append("session state not saved: its record was interleaved with background output")
+        elif not run.timed_out and not run.interrupted:
+            notes.append(
+                "session state not saved: the shell ended before it could report "
+                f"(exit {exit_code}); the next command starts from the state before this one"
+            )
         if exit_code == EXIT_CWD and run.frame is not None and run.frame[1] == "" and not wrapped.explicit_cwd:
             reset = session.reset_cwd()
             notes.append(f"working directory {wrapped.cwd} is gone; session directory reset to {reset}")
@@ -284,13 +321,18 @@ class BaseEnvironment(abc.ABC):
         """Release the environment; later ``execute()`` calls raise.
 
         A command still running is stopped (SIGTERM, then SIGKILL after
-        ``kill_grace_s``) and ``close()`` returns once it is gone.
+        ``kill_grace_s``) and ``close()`` returns once it is gone. The user's
+        EXIT trap, if any, runs first (once, as a long-lived bash runs it at exit).
         """
+        if not self._closed:
+            self._run_exit_trap()
         with self._running_cv:
             if self._closed:
                 return
             self._closed = True
             self._closing.set()
+            if self._channels is not None:
+                self._channels.closed = True  # commands queued for a channel give up
             # Each running command sees the flag within one poll; it then takes
             # at most the grace and a reap to end.
             limit = time.monotonic() + self.config.kill_grace_s + 30.0
@@ -322,6 +364,53 @@ class BaseEnvironment(abc.ABC):
         return f"<{type(self).__name__} task_id={self.task_id!r}{' closed' if self._closed else ''}>"
 
     # -- internals --------------------------------------------------------------
+    def _channel(self) -> str:
+        """How the private wrapper script reaches bash (see ``ShellSession.wrap``)."""
+        if self.stdin_mode != "heredoc":
+            return "stdin"
+        if type(self)._put_private_file is not BaseEnvironment._put_private_file:
+            return "file"
+        return "inline"
+
+    def _preamble(self) -> str:
+        """Statements the wrapper runs first (a backend's configured exports, say)."""
+        return ""
+
+    def _run_exit_trap(self) -> None:
+        """The user's EXIT trap runs once, when the environment closes."""
+        session = self._session
+        if session is None:
+            return
+        body = session.take_exit_trap()
+        if body is None:
+            return
+        try:
+            r = self.execute(body, timeout=min(self.config.timeout or 30.0, 30.0))
+            if r.output:
+                _log.info("%s: EXIT trap at close said: %s", self.name, r.output[-2000:])
+        except Exception:  # noqa: BLE001 - closing must go on
+            _log.exception("%s: the EXIT trap failed at close", self.name)
+
+    @staticmethod
+    def _leftover_notes(state: SessionState, baseline: SessionState | None) -> list[str]:
+        """What a command left that no later command can see, and a recreated state directory."""
+        notes = []
+        if state.jobs:
+            notes.append(
+                f"{state.jobs} background job(s) left running: they keep running, but the next command's "
+                "job table, $! and wait do not see them (each command is a new bash)"
+            )
+        base_fds = set(baseline.fds) if baseline else set()
+        fds = [str(fd) for fd in state.fds if fd not in base_fds]
+        if fds:
+            notes.append(
+                f"file descriptor(s) {', '.join(fds)} opened with exec are closed after this command "
+                "(descriptors do not survive from one command to the next)"
+            )
+        if state.dir_recreated:
+            notes.append("the session's private state directory had been removed; it was recreated")
+        return notes
+
     def _take_notes(self) -> list[str]:
         with self._notes_lock:
             notes, self._notes = self._notes, []
@@ -333,8 +422,11 @@ class BaseEnvironment(abc.ABC):
         with self._init_lock:
             if self._session is not None:
                 return
+            state_dir = self._state_dir()
+            if not self.state_dir_private:
+                state_dir = self._make_private_dir(state_dir)
             session = ShellSession(
-                state_dir=self._state_dir(),
+                state_dir=state_dir,
                 default_cwd=self.config.cwd,
                 excluded_prefixes=self.config.session_exclude_prefixes,
                 env_id=self.task_id,
@@ -366,14 +458,57 @@ class BaseEnvironment(abc.ABC):
             session.set_state(session.interactive_defaults(state))
             self._session = session
 
+    def _make_private_dir(self, parent: str) -> str:
+        """Create an unguessable 0700 directory of the session's user in ``parent`` of the target."""
+        path = posixpath.join(parent, "hermes-env-" + secrets.token_hex(16))
+        q = shlex.quote(path)
+        script = (
+            f"(builtin umask 077; command mkdir -m 700 -- {q}) && [ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] "
+            "&& builtin printf private"
+        )
+        code, out = self._run_helper(script, timeout=60.0)
+        if code != 0 or not out.endswith(b"private"):
+            raise EnvironmentUnavailable(
+                f"{self.name}: cannot create a private state directory {path} in the target "
+                f"(exit {code}): {out.decode(errors='replace').strip()[:300]}"
+            )
+        return path
+
+    def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
+        """Run a short script outside the session, to its end; (exit code, merged output)."""
+        handle = self._run_bash(script, login=False, timeout=timeout, stdin_data=None)
+        stdout = handle.stdout
+        if stdout is None:
+            raise BackendError(f"{self.name}: the process handle has no stdout")
+        fd = stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    handle.kill()
+                    raise EnvironmentUnavailable(f"{self.name}: a helper command did not finish in {timeout:g}s")
+                if not poller.poll(min(left, 1.0) * 1000.0):
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+        finally:
+            stdout.close()
+        return self._reap(handle, finished=True), b"".join(chunks)
+
     def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any, int] | None:
         """Capture the state of a fresh (login) shell; (wrapped, frame or None, exit code)."""
         wrapped = session.wrap(
-            ":", snapshot=True, record_pid=self.records_pid, state_in_file=self.shares_host_filesystem
+            ":", snapshot=True, record_pid=self.records_pid, channel=self._channel(), preamble=self._preamble()
         )
         capture = OutputCapture(self.config.max_output_bytes)
         try:
-            run = self._drive(wrapped, capture, login=login, timeout=60.0, stdin_data=None, cancel=None)
+            run = self._drive(wrapped, capture, login=login, timeout=60.0, cancel=None)
         finally:
             session.release(wrapped)
         if run.frame is None or run.corrupt or run.exit_code != 0:
@@ -387,17 +522,22 @@ class BaseEnvironment(abc.ABC):
         *,
         login: bool,
         timeout: float | None,
-        stdin_data: bytes | None,
         cancel: threading.Event | None,
     ) -> _Run:
         run = _Run()
         splitter = FrameSplitter(wrapped.marker, capture.feed)
-        handle = self._start_bash(wrapped.script, login=login, timeout=timeout, stdin_data=stdin_data)
-        try:
-            return self._drive_handle(handle, run, splitter, capture, wrapped, timeout=timeout, cancel=cancel)
-        finally:
-            if isinstance(handle, ChannelCommand) and self._channels is not None:
-                self._channels.release(handle.channel, handle)
+        for attempt in (0, 1):
+            handle = self._start_wrapped(wrapped, login=login, timeout=timeout)
+            try:
+                return self._drive_handle(handle, run, splitter, capture, wrapped, timeout=timeout, cancel=cancel)
+            except ChannelNotStarted:
+                if attempt:
+                    raise
+                # The channel was found dead as the command was sent: it never ran; send it again.
+            finally:
+                if isinstance(handle, ChannelCommand) and self._channels is not None:
+                    self._channels.release(handle.channel, handle)
+        raise AssertionError("unreachable")
 
     def _drive_handle(
         self,
@@ -475,9 +615,6 @@ class BaseEnvironment(abc.ABC):
             splitter.flush()
             run.frame = splitter.frame
             run.corrupt = splitter.corrupt
-            if run.frame is not None and run.frame[2] is None:
-                run.frame = self._state_from_file(wrapped, run.frame)
-                run.corrupt = run.frame is None
             code = self._reap(handle, finished=splitter.done or reason is None)
             # Per-command facts a handle knows (OOM, recreated): on this result only.
             run.notes = tuple(getattr(handle, "notes", ()) or ())
@@ -514,6 +651,15 @@ class BaseEnvironment(abc.ABC):
             run.exit_code = 128 - code if code < 0 else code
         return run
 
+    def _start_wrapped(self, wrapped: WrappedCommand, *, login: bool, timeout: float | None) -> ProcessHandle:
+        """Start bash on a wrapped script, its private part through the backend's channel."""
+        if wrapped.private_path is not None:
+            self._put_private_file(wrapped.private_path, wrapped.payload)
+            return self._start_bash(wrapped.script, login=login, timeout=timeout, stdin_data=None)
+        return self._start_bash(
+            wrapped.script, login=login, timeout=timeout, stdin_data=wrapped.payload if wrapped.payload else None
+        )
+
     def _stop(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if isinstance(handle, ChannelCommand):
             handle.terminate() if graceful else handle.kill()  # the server kills the tree
@@ -537,6 +683,8 @@ class BaseEnvironment(abc.ABC):
         if pool is not None:
             for why in pool.take_lost():
                 self._note(f"resident shell channel lost ({why}); a new one is opened")
+            for pid in pool.take_lost_pids():
+                self._channel_orphaned(pid)
             refused = pool.refused
             try:
                 channel = pool.acquire()
@@ -546,7 +694,9 @@ class BaseEnvironment(abc.ABC):
                 channel = None
             if channel is not None:
                 try:
-                    cmd = channel.start(script, login=login, stdin_data=stdin_data)
+                    cmd = channel.start(
+                        script, login=login, stdin_data=stdin_data, strip_startup=self.channel_startup_noise
+                    )
                     cmd.on_exit = self._channel_command_exited
                     return cmd
                 except EnvironmentUnavailable:
@@ -564,19 +714,6 @@ class BaseEnvironment(abc.ABC):
             alive = self._tree_alive(handle, wrapped)
         if alive is not False:
             self._kill_tree(handle, wrapped, graceful=False)
-
-    def _state_from_file(
-        self, wrapped: WrappedCommand, frame: tuple[int, str, str | None]
-    ) -> tuple[int, str, str] | None:
-        try:
-            with open(wrapped.state_file, encoding="utf-8", errors="surrogateescape") as f:
-                text = f.read()
-        except OSError:
-            return None
-        # Written whole by the trap before it reported; it ends with the separator.
-        if not text.endswith(wrapped.sep + "\n"):
-            return None
-        return frame[0], frame[1], text
 
     def _reap(self, handle: ProcessHandle, *, finished: bool) -> int:
         # bash is known to be exiting: a plain wait() blocks in waitpid,

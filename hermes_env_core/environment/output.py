@@ -211,8 +211,8 @@ class FrameSplitter:
             body = bytes(self._frame[:need])
             rest = bytes(self._frame[need + len(self._end) :])
             state: str | None = body[cwdlen:].decode("utf-8", "surrogateescape")
-            if self._encoded == 2:
-                state = None  # left in the state file for the reader
+            if self._encoded in (2, 3):
+                state = None  # 3: no state (the command never ran)
             elif self._encoded:
                 state = state.replace("\x1f", "\n")  # type: ignore[union-attr]
             self.frame = (rc, body[:cwdlen].decode("utf-8", "surrogateescape"), state)

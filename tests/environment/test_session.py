@@ -7,7 +7,8 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes_env_core.environment.session import _with_heredoc, ansi_c_quote, kill_tree_script
+from hermes_env_core.environment.session import ansi_c_quote, kill_tree_script
+from hermes_env_core.environment.shellscript import stdin_statement
 
 
 @settings(max_examples=100, deadline=None)
@@ -20,7 +21,7 @@ def test_ansi_c_quote_round_trips_through_bash(s):
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=300))
 def test_heredoc_delivers_exact_bytes(data):
-    script = _with_heredoc("od -An -tx1 | tr -d ' \\n'", data)
+    script = stdin_statement(data) + "\nod -An -tx1 | tr -d ' \\n'\n"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert out.stdout == data.hex()
 

@@ -22,9 +22,16 @@ from hermes_env_core.testing import EnvironmentConformance
 
 
 class HeredocLocal(LocalEnvironment):
+    """Like a backend whose SDK cannot stream stdin: the private script goes through a 0600 file."""
+
     _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     name = "local-heredoc"
     stdin_mode = "heredoc"
+
+    def _put_private_file(self, path, data):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 class ThreadedLocal(LocalEnvironment):
@@ -64,7 +71,15 @@ class ThreadedLocal(LocalEnvironment):
     def _kill_tree(self, handle, wrapped, *, graceful):
         # As a remote backend does: read the pid the wrapper recorded, then
         # signal the tree from a separate command.
-        from hermes_env_core.environment.session import kill_tree_script
+        if self._tree(handle, wrapped, "TERM" if graceful else "KILL") is None:
+            handle.kill()
+
+    def _tree_alive(self, handle, wrapped):
+        found = self._tree(handle, wrapped, "0")
+        return None if found is None else bool(found)
+
+    def _tree(self, handle, wrapped, sig):
+        from hermes_env_core.backends._tree_script import TREE_DONE, parse_tree_output, tree_script
 
         try:
             with open(wrapped.pidfile) as f:
@@ -72,9 +87,14 @@ class ThreadedLocal(LocalEnvironment):
         except OSError:
             pid = None
         if pid is None:
-            handle.kill()
-            return
-        subprocess.run(["bash", "-c", kill_tree_script(pid, "TERM" if graceful else "KILL")], check=False)
+            return None
+        seen = handle.__dict__.setdefault("seen", set())
+        out = subprocess.run(["bash", "-c", tree_script(sig, pid, known=seen)], capture_output=True, check=False).stdout
+        if TREE_DONE.encode() not in out:
+            return None
+        found = parse_tree_output(out)
+        seen |= found
+        return found
 
 
 class TestHeredocConformance(EnvironmentConformance):
@@ -101,7 +121,7 @@ class Exploding(LocalEnvironment):
     fail_on = "boom"
 
     def _run_bash(self, script, *, login, timeout, stdin_data):
-        if self.fail_on not in script:
+        if self.fail_on.encode() not in (stdin_data or b""):  # the command travels privately
             return super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
 
         def target(write):
@@ -189,8 +209,10 @@ def test_pidfile_of_an_earlier_command_is_not_trusted():
         env.execute("true")
         w = env.session.wrap("true", record_pid=True)
         env.session.release(w)
-        assert w.pid_from(f"123 {w.nonce}") == 123
+        assert w.pid_from(f"123 {w.pid_token}") == 123
         assert w.pid_from("123 someothernonce") is None
+        # The pidfile's token is not the frame's nonce: a child reading it cannot forge a frame.
+        assert w.pid_token != w.nonce and w.nonce not in w.pid_token
         assert w.pid_from("123") is None
 
 
@@ -198,7 +220,7 @@ class NotingLocal(LocalEnvironment):
     _open_channel = BaseEnvironment._open_channel  # this variant tests the process path
     def _run_bash(self, script, *, login, timeout, stdin_data):
         proc = super()._run_bash(script, login=login, timeout=timeout, stdin_data=stdin_data)
-        if "mark-me" in script:
+        if b"; echo mark-me" in (stdin_data or b""):
             proc.notes = ("this command only",)  # type: ignore[attr-defined]
         return proc
 

@@ -62,6 +62,8 @@ def _import_sdk() -> Any:
 class DirectModalEnvironment(ModalEnvironment):
     """One Modal sandbox per environment, reached with the SDK."""
 
+    stdin_mode = "pipe"  # the SDK streams stdin: the private script goes there
+
     mode = "direct"
     config_model = ModalConfig
 
@@ -218,7 +220,11 @@ class DirectModalEnvironment(ModalEnvironment):
         argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
         body = script.encode("utf-8", "surrogateescape")
         upload: bytes | None = None
-        if len(body) <= _ARG_LIMIT:
+        if stdin_data is not None:
+            # The session's private script: through stdin, never on the command line.
+            argv.append(head + "exec 2>&1; " + script)
+            upload = stdin_data
+        elif len(body) <= _ARG_LIMIT:
             # stdin closed (no command waits on it); stderr merged from the first statement.
             argv.append(head + "exec </dev/null 2>&1; " + script)
         else:
