@@ -32,6 +32,7 @@ from ..environment.result import Usage
 from ..environment.session import WrappedCommand
 from ..environment.target import RunRequest
 from ..errors import EnvironmentUnavailable
+from ._local_memory import MemoryCgroup
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
@@ -132,6 +133,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     #: this process's own peak RSS (bytes) when bash was started
     spawner_peak = 0
     cgroup: CommandCgroup | None = None
+    memory: MemoryCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
 
@@ -168,11 +170,14 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
             # A child starts out with the high-water mark of the process it
             # was forked from (the kernel keeps it across exec): a figure no
             # higher than ours then says nothing about the command.
+            # higher than ours then says nothing about the command. Its own
+            # memory cgroup, where one could be made, counts just the command.
             peak = ru.ru_maxrss * 1024  # kilobytes on Linux
+            measured = self.memory.peak() if self.memory is not None else None
             self.usage = Usage(
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
-                max_rss_bytes=peak if peak > self.spawner_peak else None,
+                max_rss_bytes=measured if measured is not None else peak if peak > self.spawner_peak else None,
                 oom_killed=None,
             )
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -189,6 +194,9 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
             cg.release(keep_alive=not self.stopping)
+        mem, self.memory = self.memory, None
+        if mem is not None:
+            mem.release()
         return code
 
     def _wait_bash(self, timeout: float | None) -> int:
@@ -316,10 +324,12 @@ def start_bash(
     args = [found, "-l"] if request.login else [found]
     script = request.script
     cgroup = _new_cgroup()
-    if cgroup is not None:
-        # bash joins its cgroup before it can start anything: a shell moves
-        # itself there, then becomes bash.
-        args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
+    memory = MemoryCgroup.make() if os.path.exists("/bin/sh") else None
+    joins = [c.procs for c in (cgroup, memory) if c is not None]
+    if joins:
+        # bash joins its cgroups before it can start anything: a shell
+        # moves itself there, then becomes bash.
+        args = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *joins, "--", *args]
     pass_fds: tuple[int, ...] = ()
     script_r = script_w = -1
     if len(script) > _SCRIPT_ARG_LIMIT:
@@ -344,6 +354,8 @@ def start_bash(
     except OSError as exc:
         if cgroup is not None:
             cgroup.release(keep_alive=False)
+        if memory is not None:
+            memory.release()
         if script_w >= 0:
             os.close(script_w)
         raise EnvironmentUnavailable(f"local: cannot start {bash}: {exc}") from exc
@@ -351,6 +363,7 @@ def start_bash(
         if script_r >= 0:
             os.close(script_r)
     proc.cgroup = cgroup
+    proc.memory = memory
     proc.spawner_peak = spawner_peak
     if script_w >= 0:
         feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
@@ -361,7 +374,7 @@ def start_bash(
     return proc
 
 
-_JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'
+_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo 0 >"$1" 2>/dev/null; shift; done; shift; exec "$@"'
 
 
 def _new_cgroup() -> CommandCgroup | None:

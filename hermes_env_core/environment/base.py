@@ -675,6 +675,18 @@ class BaseEnvironment(abc.ABC):
                     self._channels = ChannelPool(self._open_channel, limit=self.config.max_channels, label=self.name)
         return self._channels
 
+    def _start_helper(self, script: str, *, timeout: float | None) -> ProcessHandle:
+        """A helper script outside the session (background-process polls): through
+        a channel that is idle right now, else a new process; never waits for one."""
+        pool = self._channel_pool()
+        channel = pool.try_acquire() if pool is not None else None
+        if channel is not None:
+            try:
+                return channel.start(script, login=False, stdin_data=None, strip_startup=self.channel_startup_noise)
+            except EnvironmentUnavailable:
+                pass
+        return self._run_bash(script, login=False, timeout=timeout, stdin_data=None)
+
     def _start_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:

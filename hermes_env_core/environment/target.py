@@ -23,11 +23,14 @@ import os
 import select
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from ..errors import EnvironmentClosedError, EnvironmentUnavailable, TargetLostError
+from ..plugins.spec import API_VERSION, parse_api_version
 from .base import BaseEnvironment
+from .channel import ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
 from .session import WrappedCommand
@@ -35,18 +38,6 @@ from .session import WrappedCommand
 __all__ = [
     "API_VERSION", "RunRequest", "Target", "TargetEnvironment", "TargetLostError", "parse_api_version", "run_to_end",
 ]
-
-#: the version of the plugin API: this protocol, ``TargetEnvironment`` and the ``hermes_env_backends`` hookspec
-API_VERSION = "1.0"
-
-
-def parse_api_version(text: str) -> tuple[int, int]:
-    """``"1.0"`` -> ``(1, 0)``; ``ValueError`` naming the value for anything else."""
-    major, dot, minor = str(text).partition(".")
-    if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()):
-        raise ValueError(f"plugin API version {text!r} is not of the form MAJOR.MINOR (such as {API_VERSION!r})")
-    return int(major), int(minor)
-
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -129,6 +120,18 @@ class Target(Protocol):
     def release(self) -> None:
         """Let go of everything (containers, connections, temporary files). Called once, at close."""
         ...
+
+    # Optional capability, looked up only when present (not part of the
+    # protocol's required methods):
+    #
+    #   def open_channel(self, argv: Sequence[str]) -> ChannelStream
+    #
+    # Start ``argv`` (a bash, non-login, the user, env and cwd of ``start``)
+    # with its stdin and stdout as one long-lived byte stream, no tty, stderr
+    # kept out. The core then runs a resident shell server on it and sends
+    # every command through it (see ``environment.channel``); raise
+    # ``EnvironmentUnavailable`` when the target cannot be reached (that
+    # command then goes through ``start``, which recovers a lost target).
 
 
 _DRAIN_S = 0.2  # how long to keep reading after bash has exited (a background child may hold the pipe)
@@ -254,6 +257,13 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
 
     def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
         return self.target.run_helper(script, timeout=timeout)
+
+    @property
+    def offers_channel(self) -> bool:
+        return callable(getattr(self.target, "open_channel", None))
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        return self.target.open_channel(argv)  # type: ignore[attr-defined]
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)

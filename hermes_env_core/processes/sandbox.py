@@ -59,7 +59,7 @@ def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[in
     every poll would cost more than the poll, and saving it back could clobber
     what a concurrent foreground command just stored.
     """
-    handle = env._run_bash(script, login=False, timeout=timeout, stdin_data=None)
+    handle = env._start_helper(script, timeout=timeout)  # a resident channel when one is idle
     out = handle.stdout
     if out is None:
         raise BackendError(f"{env.name}: the process handle has no stdout")

@@ -150,3 +150,35 @@ def test_wanted_input_signs(text: str, found: str | None) -> None:
     from hermes_env_core.environment.inputhints import wanted_input
 
     assert wanted_input(text) == found
+
+
+def test_peak_memory_is_the_commands_own_even_from_a_large_caller(tmp_path: object) -> None:
+    """A 600 MB caller must not make a small command look large (the kernel hands a child its
+    parent's high-water mark): with a memory cgroup the command's own peak, else unknown."""
+    import json
+    import os
+    import subprocess
+
+    from hermes_env_core.backends._local_memory import MemoryCgroup
+
+    probe = MemoryCgroup.make()
+    if probe is not None:
+        probe.release()
+    elif os.environ.get("CI"):
+        pytest.fail("CI runs as root on a machine with a memory cgroup: one must be made")
+    code = (
+        "import json, sys\n"
+        "from hermes_env_core.backends.local import LocalEnvironment\n"
+        "ballast = bytearray(600 << 20); ballast[::4096] = b'x' * len(ballast[::4096])\n"
+        "with LocalEnvironment() as e:\n"
+        "    small = e.execute('true').usage.max_rss_bytes\n"
+        f"    big = e.execute({sys.executable!r} + \" -c 'b = bytearray(150 << 20); b[::4096] = b\\\"x\\\" * len(b[::4096])'\").usage.max_rss_bytes\n"
+        "print(json.dumps([small, big]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    small, big = json.loads(out.stdout.strip().splitlines()[-1])
+    if probe is None:
+        assert small is None  # cannot tell: never the caller's 600 MB
+    else:
+        assert small is not None and small < 100 << 20
+        assert big is not None and 150 << 20 <= big < 500 << 20
