@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -102,6 +103,11 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    cgroup: bool = Field(
+        True,
+        description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
+        "timeout, cancel or close stops every process it started.",
+    )
     # Here a new process is as cheap as the channel's fork in the server, and
     # it reports peak memory: the resident channel is opt-in.
     channel: bool = Field(
@@ -259,7 +265,7 @@ class LocalEnvironment(BaseEnvironment):
     ) -> ProcessHandle:
         cwd = self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None
         request = RunRequest(script=script, login=login, stdin=stdin_data, timeout=timeout)
-        return start_bash(request, env=self._env, cwd=cwd, bash=self._bash)
+        return start_bash(request, env=self._env, cwd=cwd, bash=self._bash, cgroup=self.config.cgroup)  # type: ignore[attr-defined]
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
@@ -301,7 +307,12 @@ class LocalEnvironment(BaseEnvironment):
 
 
 def start_bash(
-    request: RunRequest, *, env: Mapping[str, str] | None = None, cwd: str | None = None, bash: str = "bash"
+    request: RunRequest,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    bash: str = "bash",
+    cgroup: bool = True,
 ) -> ProcessHandle:
     """Start ``bash -c request.script`` on this machine, as the local backend does.
 
@@ -313,7 +324,8 @@ def start_bash(
     the whole tree (``setsid`` children included), ``tree_alive()`` tells
     whether any of it is left, ``wait()`` reaps it and fills ``usage``.
     ``env`` defaults to this process's environment with secrets filtered out
-    (``filter_environment``). Raises ``EnvironmentUnavailable`` when bash
+    (``filter_environment``). ``cgroup=False``: no cgroup even where one can
+    be made (the tree is then found through psutil). Raises ``EnvironmentUnavailable`` when bash
     cannot be started.
     """
     if env is None:
@@ -323,22 +335,22 @@ def start_bash(
         raise EnvironmentUnavailable(f"local: cannot start {bash}: not an executable file (nor on PATH)")
     args = [found, "-l"] if request.login else [found]
     script = request.script
-    cgroup = _new_cgroup()
-    memory = MemoryCgroup.make() if os.path.exists("/bin/sh") else None
-    joins = [c.procs for c in (cgroup, memory) if c is not None]
-    if joins:
-        # bash joins its cgroups before it can start anything: a shell
-        # moves itself there, then becomes bash.
-        args = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *joins, "--", *args]
+    group = _new_cgroup() if cgroup else None
+    memory = MemoryCgroup.make()
+    # bash joins its cgroups before it runs anything of the command (on the
+    # script's first line, so that line numbers stay those of the script).
+    join = "".join(
+        f"builtin echo 0 >{shlex.quote(c.procs)} 2>/dev/null; " for c in (group, memory) if c is not None
+    )
     pass_fds: tuple[int, ...] = ()
     script_r = script_w = -1
     if len(script) > _SCRIPT_ARG_LIMIT:
         # Too long for one argv string: bash reads it from a pipe instead.
         script_r, script_w = os.pipe()
         pass_fds = (script_r,)
-        args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
+        args += ["-c", f"{join}builtin source /dev/fd/{script_r}", "bash"]
     else:
-        args += ["-c", script, "bash"]
+        args += ["-c", join + script, "bash"]
     spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     try:
         proc = _CommandPopen(
@@ -352,8 +364,8 @@ def start_bash(
             cwd=cwd,
         )
     except OSError as exc:
-        if cgroup is not None:
-            cgroup.release(keep_alive=False)
+        if group is not None:
+            group.release(keep_alive=False)
         if memory is not None:
             memory.release()
         if script_w >= 0:
@@ -362,7 +374,7 @@ def start_bash(
     finally:
         if script_r >= 0:
             os.close(script_r)
-    proc.cgroup = cgroup
+    proc.cgroup = group
     proc.memory = memory
     proc.spawner_peak = spawner_peak
     if script_w >= 0:
@@ -374,12 +386,9 @@ def start_bash(
     return proc
 
 
-_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo 0 >"$1" 2>/dev/null; shift; done; shift; exec "$@"'
-
-
 def _new_cgroup() -> CommandCgroup | None:
     pool = cgroup_pool()
-    if pool is None or not os.path.exists("/bin/sh"):
+    if pool is None:
         return None
     try:
         return CommandCgroup(*pool)

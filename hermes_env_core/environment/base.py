@@ -270,6 +270,7 @@ class BaseEnvironment(abc.ABC):
                 self._running_cv.notify_all()
         notes = self._take_notes() + list(run.notes)
         exit_code = run.exit_code
+        shell_cpu: Usage | None = None  # what the command's own bash counted, where the handle cannot tell
         if run.frame is not None and not run.corrupt:
             try:
                 state = session.accept(wrapped, _frame(run.frame))
@@ -278,6 +279,8 @@ class BaseEnvironment(abc.ABC):
             else:
                 if state is not None:
                     notes += self._leftover_notes(state, session.baseline)
+                    if state.cpu_times is not None:
+                        shell_cpu = Usage(cpu_user_s=state.cpu_times[0], cpu_system_s=state.cpu_times[1])
         elif run.corrupt:
             notes.append("session state not saved: its record was interleaved with background output")
         elif not run.timed_out and not run.interrupted:
@@ -299,7 +302,7 @@ class BaseEnvironment(abc.ABC):
                 f"the command wanted input ({sign!r}) but had none: it runs with stdin at end of input and no "
                 "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
             )
-        usage = run.usage or Usage()
+        usage = (run.usage or Usage()).merged(shell_cpu)
         reason, sig = _end_reason(run, exit_code, usage)
         return ExecResult(
             output=cap.text,
