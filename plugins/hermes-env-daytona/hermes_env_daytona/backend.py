@@ -15,7 +15,7 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ProcessHandle, ThreadedProcessHandle, Writer
@@ -76,6 +76,8 @@ class DaytonaEnvironment(BaseEnvironment):
     """
 
     name = "daytona"
+    #: a detached background process outlives close() only in a sandbox that is kept (stopped, not deleted)
+    background_options: ClassVar[dict[str, Any]] = {"persistent": True}
     stdin_mode = "heredoc"
     records_pid = True
     config_model = DaytonaConfig

@@ -20,5 +20,6 @@ def hermes_env_backends() -> list[BackendSpec]:
             config_model="hermes_env_daytona.config:DaytonaConfig",
             summary="bash in a Daytona cloud sandbox, one per task id (resumed when stopped)",
             install_hint="pip install hermes-env-daytona",
+            requires=("daytona",),
         )
     ]
