@@ -26,15 +26,14 @@ if TYPE_CHECKING:
 __all__ = ["AdoptedLocalDriver", "LocalPipeDriver", "LocalPtyDriver"]
 
 _READ = 1 << 20
-_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 def _bash_args(bash: str, script: str, login: bool) -> tuple[list[str], int]:
     """argv for running ``script``; a too-long script goes through a pipe (returned fd, else -1)."""
+    # Always through a pipe: the script carries the session's state, which
+    # must never be on a command line (bash sources all of it before running).
     args = [bash, "-l"] if login else [bash]
-    if len(script) <= _ARG_LIMIT:
-        return args + ["-c", script, "bash"], -1
     r, w = os.pipe()
     data = script.encode("utf-8", "surrogateescape")
 
