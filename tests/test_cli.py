@@ -390,7 +390,9 @@ def test_doctor_reports_problems_and_what_to_install(doctor_registry):
 
 
 def test_doctor_for_one_healthy_backend_exits_0(doctor_registry):
-    assert run_main("doctor", "local") == (0, "local: ok\n", "")
+    assert run_main("doctor", "local") == (
+        0, "local: ok\n  commands: one process per command (a resident channel is available: channel=true)\n", ""
+    )
 
 
 def test_doctor_for_an_unknown_name():

@@ -202,6 +202,15 @@ class ProcessTree:
     def alive(self) -> list[psutil.Process]:
         return [proc for proc in self.seen.values() if _live(proc)]
 
+    def stop(self, sig: int) -> None:
+        """Look again, then send ``sig`` to the tree and to the group."""
+        self.refresh()
+        self.signal(sig)
+        try:
+            os.killpg(self.root_pid, sig)
+        except OSError:
+            pass
+
     def signal(self, sig: int) -> None:
         procs = self.alive()
         # Stopped first, so that none forks or exits between the signals.
@@ -252,8 +261,4 @@ def stop_all(cgroup: CommandCgroup | None, tree: ProcessTree, sig: int) -> None:
     tree.refresh()
     if cgroup is not None:
         cgroup.signal(sig)
-    tree.signal(sig)
-    try:
-        os.killpg(tree.root_pid, sig)
-    except OSError:
-        pass
+    tree.stop(sig)

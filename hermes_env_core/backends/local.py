@@ -34,7 +34,8 @@ from ..errors import EnvironmentUnavailable
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
-    "LocalConfig", "LocalEnvironment", "SECRET_PATTERNS", "carries_url_password", "feed_stdin", "filter_environment",
+    "LocalConfig", "LocalEnvironment", "ProcessTree", "SECRET_PATTERNS", "carries_url_password", "feed_stdin",
+    "filter_environment",
 ]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.

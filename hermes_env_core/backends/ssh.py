@@ -12,13 +12,15 @@ import re
 import shlex
 import signal
 import threading
-from collections.abc import Callable
+import select
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, SecretStr
 
 from ..environment.base import BaseEnvironment
+from ..environment.channel import ChannelStream
 from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import KILL_TREE_FN, WrappedCommand
@@ -107,6 +109,7 @@ class SSHEnvironment(BaseEnvironment):
     records_pid = False
     state_dir_private = True  # made 0700 with a random name by the probe
     config_model = SSHConfig
+    channel_startup_noise = True  # bash under sshd sources ~/.bashrc, which may print
 
     def __init__(self, config: SSHConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -317,6 +320,20 @@ class SSHEnvironment(BaseEnvironment):
             command = "exec </dev/null; " + command
         chan = self._open(command)
         return _RemoteBash(self, chan, payload)
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        # One session channel on the transport, held open; the server's stderr is not wanted.
+        chan = self._open(self._exports + "exec " + shlex.join(argv) + " 2>/dev/null", combine=False)
+        return _ChannelStream(chan)
+
+    def _channel_orphaned(self, server_pid: int) -> None:
+        # sshd leaves it running with its command: stopped like a command's bash
+        # (now, or once reconnected).
+        t = self._transport
+        if t is not None and t.is_active():
+            self._stop_orphans([server_pid])
+        else:
+            self._orphaned(server_pid)
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         assert isinstance(handle, _RemoteBash)
@@ -601,6 +618,43 @@ class _RemoteBash:
 
     def kill(self) -> None:
         self.signal_tree("KILL")
+
+
+class _ChannelStream:
+    """A paramiko session channel as a resident channel's stream.
+
+    Ends when the channel does, or when sshd reports the server's exit while
+    a command's relay still holds its stdout open.
+    """
+
+    _CHECK_S = 0.2
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+
+    def read(self, n: int) -> bytes:
+        chan = self._chan
+        try:
+            while not select.select([chan], [], [], self._CHECK_S)[0]:
+                if chan.exit_status_ready() or chan.closed:
+                    return b""
+            return chan.recv(n)
+        except Exception:  # noqa: BLE001 - the transport died
+            return b""
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except OSError:
+            raise
+        except Exception as exc:  # paramiko.SSHException: the channel or connection is gone
+            raise OSError(str(exc)) from exc
+
+    def close(self) -> None:
+        try:
+            self._chan.close()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def _write_all(fd: int, data: bytes) -> bool:

@@ -286,8 +286,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             entry.update(ok=False, problems=[str(exc)], load_error=True)
             continue
         entry["problems"] = _check(cls)
+        entry["mode"] = _mode(cls)
         if not entry["problems"] and probe:
             entry["problems"], entry["probe"] = _probe(args, name)
+            entry["mode"] = _probed_mode.pop(name, entry["mode"])
         entry["ok"] = not entry["problems"]
     if checked_all or probe:
         report["failed_plugins"] = _failed_plugins(registry)
@@ -302,6 +304,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if entry["ok"]:
             extra = f" ({entry['probe']})" if entry.get("probe") else ""
             print(f"{entry['name']}: ok{extra}")
+            if entry.get("mode"):
+                print(f"  commands: {entry['mode']}")
         elif entry.get("load_error"):
             print(f"{entry['name']}: FAIL: {entry['problems'][0]}")
         else:
@@ -314,6 +318,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for item in report["not_installed"]:
         print(f"{item['name']}: not installed ({item['install']})")
     return 1 if bad else 0
+
+
+_probed_mode: dict[str, str] = {}
+
+
+def _mode(cls: type[BaseEnvironment]) -> str | None:
+    """How this backend's commands reach its target by default (resident channel or processes)."""
+    from ..environment.base import BaseEnvironment as _Base
+
+    opener = getattr(cls, "_open_channel", None)
+    if opener is None or not isinstance(cls, type) or not issubclass(cls, _Base):
+        return None
+    if opener is _Base._open_channel:
+        return "one process per command (the backend offers no resident channel)"
+    field = cls.config_model.model_fields.get("channel")
+    on = field.get_default(call_default_factory=True) if field is not None else True
+    if on:
+        return "resident shell channel (one process per command if the target's bash cannot run it)"
+    return "one process per command (a resident channel is available: channel=true)"
 
 
 def _check(cls: type[BaseEnvironment]) -> list[str]:
@@ -333,6 +356,7 @@ def _probe(args: argparse.Namespace, name: str) -> tuple[list[str], str | None]:
     try:
         with environment(probe_args) as env:
             result = env.execute("echo hermes-env-doctor", timeout=120)
+            _probed_mode[name] = env.channel_mode
     except HermesEnvError as exc:
         kind = "configuration" if exit_status_of(exc) == 2 else "start"
         return [f"{kind}: {exc}"], None

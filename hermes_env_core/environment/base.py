@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
-from .channel import ChannelCommand, ChannelPool, ChannelStream
+from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
@@ -80,6 +80,9 @@ class BaseEnvironment(abc.ABC):
     #: read its state file directly instead of through the output stream)
     shares_host_filesystem: ClassVar[bool] = False
     config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+    #: the target's bash may print before a command's script runs (an rc file
+    #: sourced under sshd); the channel then drops what comes first
+    channel_startup_noise: ClassVar[bool] = False
 
     def __init__(self, config: EnvironmentConfig | None = None, **options: Any) -> None:
         if config is None:
@@ -131,6 +134,10 @@ class BaseEnvironment(abc.ABC):
     def _channel_command_exited(self, handle: ChannelCommand, code: int) -> None:
         """Hook: a command that ran through a channel exited with ``code`` (may
         add notes, or raise ``BackendError`` when the target died under it)."""
+
+    def _channel_orphaned(self, server_pid: int) -> None:
+        """Hook: a lost channel's server (pid in the target) may still run with
+        its command, e.g. when only the connection dropped; stop it if you can."""
 
     def _before_execute(self) -> None:
         """Hook run before each command (remote backends sync files here)."""
@@ -324,6 +331,8 @@ class BaseEnvironment(abc.ABC):
                 return
             self._closed = True
             self._closing.set()
+            if self._channels is not None:
+                self._channels.closed = True  # commands queued for a channel give up
             # Each running command sees the flag within one poll; it then takes
             # at most the grace and a reap to end.
             limit = time.monotonic() + self.config.kill_grace_s + 30.0
@@ -517,12 +526,18 @@ class BaseEnvironment(abc.ABC):
     ) -> _Run:
         run = _Run()
         splitter = FrameSplitter(wrapped.marker, capture.feed)
-        handle = self._start_wrapped(wrapped, login=login, timeout=timeout)
-        try:
-            return self._drive_handle(handle, run, splitter, capture, wrapped, timeout=timeout, cancel=cancel)
-        finally:
-            if isinstance(handle, ChannelCommand) and self._channels is not None:
-                self._channels.release(handle.channel, handle)
+        for attempt in (0, 1):
+            handle = self._start_wrapped(wrapped, login=login, timeout=timeout)
+            try:
+                return self._drive_handle(handle, run, splitter, capture, wrapped, timeout=timeout, cancel=cancel)
+            except ChannelNotStarted:
+                if attempt:
+                    raise
+                # The channel was found dead as the command was sent: it never ran; send it again.
+            finally:
+                if isinstance(handle, ChannelCommand) and self._channels is not None:
+                    self._channels.release(handle.channel, handle)
+        raise AssertionError("unreachable")
 
     def _drive_handle(
         self,
@@ -668,6 +683,8 @@ class BaseEnvironment(abc.ABC):
         if pool is not None:
             for why in pool.take_lost():
                 self._note(f"resident shell channel lost ({why}); a new one is opened")
+            for pid in pool.take_lost_pids():
+                self._channel_orphaned(pid)
             refused = pool.refused
             try:
                 channel = pool.acquire()
@@ -677,7 +694,9 @@ class BaseEnvironment(abc.ABC):
                 channel = None
             if channel is not None:
                 try:
-                    cmd = channel.start(script, login=login, stdin_data=stdin_data)
+                    cmd = channel.start(
+                        script, login=login, stdin_data=stdin_data, strip_startup=self.channel_startup_noise
+                    )
                     cmd.on_exit = self._channel_command_exited
                     return cmd
                 except EnvironmentUnavailable:

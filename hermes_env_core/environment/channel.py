@@ -28,13 +28,14 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import IO, Protocol, runtime_checkable
 
-from ..errors import BackendError, EnvironmentUnavailable
+from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
 from .result import Usage
 
 __all__ = [
     "BOOT_ARGV",
     "Channel",
     "ChannelCommand",
+    "ChannelNotStarted",
     "ChannelPool",
     "ChannelRefused",
     "ChannelStream",
@@ -55,6 +56,7 @@ BOOT_ARGV: tuple[str, ...] = (
 )
 _HELLO_TIMEOUT_S = 30.0
 _READ = 1 << 16
+_MAX_STARTUP_NOISE = 1 << 20
 _EXIT_CHECK_MS = 200  # how often a quiet stream checks that its server process lives
 
 
@@ -129,6 +131,10 @@ class PipeStream:
             self._on_close()
 
 
+class ChannelNotStarted(BackendError):
+    """The channel died before the server had the command: safe to run it again."""
+
+
 class ChannelRefused(Exception):
     """The target's bash cannot run the server (too old, no ``cat``): use processes."""
 
@@ -163,6 +169,10 @@ class ChannelCommand:
         self.error: BaseException | None = None
         self.killed = False
         self.notes: tuple[str, ...] = ()
+        #: the server has the whole request (a channel lost before that never ran it)
+        self.delivered = False
+        self._begin: bytes | None = None  # output before this marker is startup noise
+        self._pre = b""
         self.started = time.time()
         #: CPU of the command's tree as the target counted it (no peak memory: bash cannot tell)
         self.usage: Usage | None = None
@@ -202,6 +212,8 @@ class ChannelCommand:
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
             raise TimeoutError("command still running")
+        if isinstance(self.error, ChannelNotStarted):
+            raise self.error
         if self.error is not None:
             raise BackendError(str(self.error)) from self.error
         assert self.returncode is not None
@@ -261,7 +273,17 @@ class Channel:
         return bool(self._queue)
 
     # -- commands ---------------------------------------------------------------
-    def start(self, script: str, *, login: bool, stdin_data: bytes | None) -> ChannelCommand:
+    def start(
+        self, script: str, *, login: bool, stdin_data: bytes | None, strip_startup: bool = False
+    ) -> ChannelCommand:
+        """Send one command. ``strip_startup``: the target's bash may print
+        before the script runs (an rc file sourced under sshd); drop that."""
+        begin = None
+        if strip_startup:
+            token = secrets.token_hex(8)
+            begin = b"\x1e" + token.encode() + b":B\n"
+            # Same first line, so bash numbers the script's lines as before.
+            script = f"builtin printf '\\036%s:B\\n' {token}; " + script
         body = script.encode("utf-8", "surrogateescape")
         if b"\x00" in body:
             raise ValueError("embedded null byte in the command script")
@@ -271,6 +293,7 @@ class Channel:
                 raise EnvironmentUnavailable(f"{self.label} is gone: {self.dead}")
             self._next_id += 1
             cmd = ChannelCommand(self, self._next_id)
+            cmd._begin = begin
             self._queue.append(cmd)
         head = b"R %d %d %d %d\n" % (cmd.cid, 1 if login else 0, len(body), len(stdin) if stdin_data is not None else -1)
         try:
@@ -325,7 +348,10 @@ class Channel:
         except Exception:  # noqa: BLE001 - already broken
             pass
         for cmd in pending:
-            cmd._finish(None, BackendError(f"{self.label} to the target was lost while the command ran: {why}"))
+            if cmd.delivered:
+                cmd._finish(None, BackendError(f"{self.label} to the target was lost while the command ran: {why}"))
+            else:
+                cmd._finish(None, ChannelNotStarted(f"{self.label} was lost before the command started: {why}"))
 
     def _reader(self) -> None:
         buf = b""
@@ -375,8 +401,16 @@ class Channel:
         if not data or self._ending is not None:
             return
         cmd = self._queue[0] if self._queue else None
-        if cmd is not None:
-            cmd._feed(data)
+        if cmd is None:
+            return
+        if cmd._begin is not None:
+            pre = cmd._pre + data
+            idx = pre.find(cmd._begin)
+            if idx < 0:
+                cmd._pre = pre[-_MAX_STARTUP_NOISE:]
+                return
+            data, cmd._begin, cmd._pre = pre[idx + len(cmd._begin) :], None, b""
+        cmd._feed(data)
 
     def _message(self, line: str) -> None:
         kind, rest = line[:1], line[1:]
@@ -389,9 +423,15 @@ class Channel:
                 self._queue.popleft()
                 self._ending = cmd.cid
             cmd.usage, self._usage = self._usage, None
+            if cmd._begin is not None and cmd._pre:
+                cmd._feed(cmd._pre)  # the script never started: show what bash said
             # Acknowledge first, so that a command sent next finds the relay gone.
             self._send(b"A %d\n" % cmd.cid)
             cmd._finish(int(rc_s))
+        elif kind == "S":
+            for cmd in self._queue:
+                if str(cmd.cid) == rest:
+                    cmd.delivered = True
         elif kind == "D":
             if self._ending is not None and str(self._ending) == rest:
                 self._ending = None
@@ -419,36 +459,60 @@ class ChannelPool:
         self.limit = max(1, limit)
         self.label = label
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._learned = False  # the limit is the target's, learned from a refusal
+        self.closed = False
         self._idle: list[Channel] = []
         self._all: list[Channel] = []
         self._opening = 0
         self.refused: str | None = None
         self.opened = 0
         self.lost: list[str] = []  # why channels died since last asked (for notes)
+        self.lost_pids: list[int] = []  # their servers' pids, which may still run (orphans)
 
-    def acquire(self) -> Channel | None:
-        """A free channel (opened if needed); None when at the limit or refused."""
-        with self._lock:
-            if self.refused is not None:
-                return None
-            while self._idle:
-                ch = self._idle.pop()
-                if ch.dead is None:
-                    return ch
-                self._forget(ch)
-            if len(self._all) + self._opening >= self.limit:
-                return None
+    def acquire(self, wait_s: float = 3600.0) -> Channel | None:
+        """A free channel, opened if needed; at the limit, wait for one to be
+        free (like a connection pool). None when refused (or waited too long).
+
+        When the target refused one more stream while others are open (an
+        sshd's MaxSessions), that number becomes the limit.
+        """
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                if self.refused is not None:
+                    return None
+                while self._idle:
+                    ch = self._idle.pop()
+                    if ch.dead is None:
+                        return ch
+                    self._forget(ch)
+                if len(self._all) + self._opening < self.limit:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if self.closed:
+                    raise EnvironmentClosedError(f"{self.label}: the environment is closing")
+                self._cond.wait(min(left, 0.1))
             self._opening += 1
         try:
             ch = Channel(self._opener(BOOT_ARGV), label=f"{self.label} channel")
         except ChannelRefused as exc:
-            with self._lock:
+            with self._cond:
                 self.refused = str(exc)
             return None
+        except EnvironmentUnavailable:
+            with self._cond:
+                if self._all:
+                    self.limit, self._learned = len(self._all), True
+            if self._learned:
+                return self.acquire(max(deadline - time.monotonic(), 0.0))
+            raise
         finally:
-            with self._lock:
+            with self._cond:
                 self._opening -= 1
-        with self._lock:
+        with self._cond:
             self._all.append(ch)
             self.opened += 1
         return ch
@@ -458,17 +522,20 @@ class ChannelPool:
         unless the command never reported (then the channel is closed)."""
         if cmd.poll() is None and ch.dead is None:
             ch._die("a command did not report after being killed")
-        with self._lock:
+        with self._cond:
             if ch.dead is not None:
                 self._forget(ch)
             elif ch not in self._idle:
                 self._idle.append(ch)
+            self._cond.notify()
 
     def _forget(self, ch: Channel) -> None:
         if ch in self._all:
             self._all.remove(ch)
             if ch.dead and ch.dead != "closed":
                 self.lost.append(ch.dead)
+                if ch.server_pid:
+                    self.lost_pids.append(ch.server_pid)
 
     def take_lost(self) -> list[str]:
         """Why channels died since the last call (each reason once)."""
@@ -480,8 +547,16 @@ class ChannelPool:
             lost, self.lost = self.lost, []
         return lost
 
-    def close(self) -> None:
+    def take_lost_pids(self) -> list[int]:
+        """Server pids of channels lost since the last call (call after ``take_lost``)."""
         with self._lock:
+            pids, self.lost_pids = self.lost_pids, []
+        return pids
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
             chans, self._all, self._idle = list(self._all), [], []
         for ch in chans:
             ch.close()

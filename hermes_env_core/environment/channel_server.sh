@@ -7,7 +7,7 @@
 #   A id                            the client has the command's report: end its relay
 #   K id SIG                        signal the command's whole tree
 #   Q                               quit
-# Replies are lines starting with MARK = 0x1e nonce ':'  (H hello, N no, X exit, D done;
+# Replies are lines starting with MARK = 0x1e nonce ':'  (H hello, N no, S started, X exit, D done;
 # U: the runner's `times`, whose second line, the children's CPU, follows).
 __hc_mark=$'\036'@NONCE@:
 if ! ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= @MINVER@)); then
@@ -134,6 +134,17 @@ __hc_end() {  # id: the report reached the client; stop the relay, then say so
   __hc_new_relay
 }
 
+__hc_quit() {
+  # The client is gone (or said Q): a running command goes with the server,
+  # as a command's bash does when its connection drops.
+  builtin trap - HUP PIPE TERM
+  [[ -n $__hc_cur ]] && __hc_kill KILL
+  [[ -n $__hc_relay ]] && builtin kill -KILL "$__hc_relay" 2>/dev/null
+  builtin exit 0
+}
+
+# Caught (not ignored): children still start with the default dispositions.
+builtin trap __hc_quit HUP PIPE TERM
 __hc_new_relay
 builtin printf '%sH%d %s\n' "$__hc_mark" "$$" "$BASH_VERSION"
 while IFS=' ' builtin read -r __hc_op __hc_a __hc_b __hc_c __hc_d; do
@@ -141,6 +152,7 @@ while IFS=' ' builtin read -r __hc_op __hc_a __hc_b __hc_c __hc_d; do
     R)
       __hc_run "$__hc_c" "$__hc_d" || break
       __hc_cur=$__hc_a
+      builtin printf '%sS%s\n' "$__hc_mark" "$__hc_a"
       __hc_runner_main "$__hc_a" "$__hc_b" "$__hc_hasin" &
       __hc_runner=$!
       exec {__hc_o}>&-
@@ -152,4 +164,4 @@ while IFS=' ' builtin read -r __hc_op __hc_a __hc_b __hc_c __hc_d; do
     *) break ;;
   esac
 done
-builtin exit 0
+__hc_quit

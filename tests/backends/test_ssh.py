@@ -78,12 +78,28 @@ def _kill_user_procs(server, pattern: str) -> None:
 
 
 class TestSSHConformance(EnvironmentConformance):
+    """Through the resident shell channel (the default)."""
+
     hypothesis_examples = 25
 
     @pytest.fixture
     def environment(self, sshd_server, tmp_path):
         _clean_shared_tmp()
-        with _make(sshd_server, tmp_path) as env:
+        with _make(sshd_server, tmp_path, channel=True) as env:
+            yield env
+            assert env.channel_mode == "channel"
+        _clean_shared_tmp()
+
+
+class TestSSHProcessConformance(EnvironmentConformance):
+    """One exec per command (the fallback path)."""
+
+    hypothesis_examples = 25
+
+    @pytest.fixture
+    def environment(self, sshd_server, tmp_path):
+        _clean_shared_tmp()
+        with _make(sshd_server, tmp_path, channel=False) as env:
             yield env
         _clean_shared_tmp()
 
@@ -251,7 +267,8 @@ def test_session_killed_mid_command_is_backend_error_then_reconnects(private_ssh
             assert not t.is_alive()
             assert isinstance(outcome.get("error"), BackendError), outcome
             assert "lost" in str(outcome["error"])
-            assert _user_procs(server, "sleep 31.5")  # sshd left the command running
+            if env.channel_mode != "channel":  # a channel's server stops it itself on the drop
+                assert _user_procs(server, "sleep 31.5")  # sshd left the command running
             r = env.execute('echo "$HERMES_T_KEEP"; pwd')
             assert r.output == "kept\n/tmp\n" and r.exit_code == 0
             assert any("reconnected" in n for n in r.notes)

@@ -87,24 +87,28 @@ def test_timeout_leaves_the_same_channel_usable(env):
     assert _server_pids(env) == before
 
 
-def test_concurrent_commands_open_channels_up_to_the_limit():
+def test_concurrent_commands_open_channels_up_to_the_limit_then_queue():
     with LocalEnvironment(max_channels=2, channel=True) as e:
         e.execute("true")
-        barrier = "/tmp/hermes_t_bar_" + os.urandom(4).hex()
+        d = "/tmp/hermes_t_par_" + os.urandom(4).hex()
+        e.execute(f"mkdir {d}")
         results = []
+        # Each waits until two run at once (only possible in parallel), and
+        # reports how many it saw running (more than two: the limit leaked).
+        cmd = (f"touch {d}/run.$$; n=0; while c=$(ls {d} | wc -l); [ $c -lt 2 ]; do sleep 0.02; "
+               f"n=$((n+1)); [ $n -gt 500 ] && exit 9; done; ls {d} | wc -l; sleep 0.1; rm {d}/run.$$")
 
-        def run(i):
-            # Each waits until all four run at once: only possible in parallel.
-            results.append(e.execute(f"touch {barrier}.{i}; n=0; while [ $(ls {barrier}.* | wc -l) -lt 4 ]; "
-                                     f"do sleep 0.05; n=$((n+1)); [ $n -gt 200 ] && exit 9; done; echo {i}"))
+        def run():
+            results.append(e.execute(cmd))
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=run) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        e.execute(f"rm -f {barrier}.*")
-        assert sorted(r.output for r in results) == ["0\n", "1\n", "2\n", "3\n"]
+        e.execute(f"rm -rf {d}")
+        assert [r.exit_code for r in results] == [0, 0, 0, 0], [r.output for r in results]
+        assert all(int(r.output) == 2 for r in results), [r.output for r in results]
         assert e._channels is not None and e._channels.opened == 2
 
 

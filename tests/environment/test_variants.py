@@ -71,7 +71,15 @@ class ThreadedLocal(LocalEnvironment):
     def _kill_tree(self, handle, wrapped, *, graceful):
         # As a remote backend does: read the pid the wrapper recorded, then
         # signal the tree from a separate command.
-        from hermes_env_core.environment.session import kill_tree_script
+        if self._tree(handle, wrapped, "TERM" if graceful else "KILL") is None:
+            handle.kill()
+
+    def _tree_alive(self, handle, wrapped):
+        found = self._tree(handle, wrapped, "0")
+        return None if found is None else bool(found)
+
+    def _tree(self, handle, wrapped, sig):
+        from hermes_env_core.backends._tree_script import TREE_DONE, parse_tree_output, tree_script
 
         try:
             with open(wrapped.pidfile) as f:
@@ -79,9 +87,14 @@ class ThreadedLocal(LocalEnvironment):
         except OSError:
             pid = None
         if pid is None:
-            handle.kill()
-            return
-        subprocess.run(["bash", "-c", kill_tree_script(pid, "TERM" if graceful else "KILL")], check=False)
+            return None
+        seen = handle.__dict__.setdefault("seen", set())
+        out = subprocess.run(["bash", "-c", tree_script(sig, pid, known=seen)], capture_output=True, check=False).stdout
+        if TREE_DONE.encode() not in out:
+            return None
+        found = parse_tree_output(out)
+        seen |= found
+        return found
 
 
 class TestHeredocConformance(EnvironmentConformance):

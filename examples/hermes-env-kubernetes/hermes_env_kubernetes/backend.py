@@ -30,11 +30,12 @@ from .config import KubernetesConfig
 MANAGED = {"app.kubernetes.io/managed-by": "hermes-env"}
 EXT, CORE = ("extensions.agents.x-k8s.io", "v1alpha1"), ("agents.x-k8s.io", "v1alpha1")
 RBAC = "pods: create, get, list, delete; pods/exec: get, create; events: list"
-_ARG_LIMIT = 16384  # longer scripts go through stdin, not the exec URL
 _LINGER_S = 0.5  # after bash reported, how long a background child may hold the stream
-# Script (and, on v4, stdin) read from the exec's stdin by length: v4 cannot half-close it.
-_PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); __hermes_in=$2; set --\n'
-            '[[ $__hermes_in == - ]] || exec < <(head -c "$__hermes_in")\nbuiltin eval "${__hermes_src%x}"')
+# The script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read from
+# the exec's stdin by length, then the command's stdin follows (bounded too on v4, which cannot half-close).
+# A new bash runs it as its script file: commands at top level, as with `bash -c`.
+_PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); [[ $2 == - ]] || exec < <(head -c "$2")\n'
+            'exec bash $3 <(builtin printf %s "${__hermes_src%x}")')
 _reaped: set[str] = set()
 
 
@@ -387,19 +388,14 @@ class KubernetesEnvironment(BaseEnvironment):
         data = script.encode("utf-8", "surrogateescape")
         for attempt in range(2):
             pod = self._pod()
-            inline = len(data) <= _ARG_LIMIT and (self._v5 or stdin is None)
-            feed = stdin
-            argv = ["bash", "-l"] if login else ["bash"]
-            if inline:
-                argv += ["-c", script, "bash"]
-            else:
-                argv += ["-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b""))]
-                feed = data + (stdin or b"")
+            argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b""))]
+            argv += ["-l"] if login else []
+            feed = data + (stdin or b"")
             try:
                 with self._exec_lock:
                     ws = self._k8s.stream.stream(
                         self._exec_api.connect_get_namespaced_pod_exec, pod, self.namespace, command=argv,
-                        stdin=feed is not None, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
+                        stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
             except self._k8s.client.ApiException as exc:
                 if attempt or not self._lost(pod):
                     raise self._error(exc, f"exec in pod {pod}") from exc

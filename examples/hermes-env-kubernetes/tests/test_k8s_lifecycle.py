@@ -106,3 +106,11 @@ def test_long_script_goes_through_stdin(emu: Any, make_env: Any) -> None:
     r = env.execute(f"v={big}; echo ${{#v}}", stdin="in\n")
     assert r.output == "40000\n"
     assert env.execute("cat", stdin="abc").output == "abc"
+
+
+def test_scripts_and_session_state_never_in_the_exec_url(emu: Any, make_env: Any) -> None:
+    env = make_env()
+    env.execute("export API_TOKEN=s3cret-value; echo visible-command")
+    assert env.execute("echo $API_TOKEN").output == "s3cret-value\n"
+    urls = " ".join(" ".join(e["command"]) for e in emu.exec_log)
+    assert "s3cret" not in urls and "visible-command" not in urls

@@ -21,6 +21,12 @@ class TestDaytonaConformance(EnvironmentConformance):
 
     # Every example is a round trip through the SDK and the emulator's HTTP server.
     hypothesis_examples = 25
+    # The kill path signals bash's tree from bash's pid; a child that outlives
+    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
+    known_gaps = {
+        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
+        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
+    }
 
     @pytest.fixture
     def environment(self, emu, make_env):
@@ -32,6 +38,12 @@ class TestDaytonaConformanceBashImage(EnvironmentConformance):
     """A sandbox whose daemon runs commands with bash (a Debian-based image such as python:3.12-slim)."""
 
     hypothesis_examples = 10
+    # The kill path signals bash's tree from bash's pid; a child that outlives
+    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
+    known_gaps = {
+        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
+        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
+    }
 
     @pytest.fixture
     def environment(self, emu, make_env):

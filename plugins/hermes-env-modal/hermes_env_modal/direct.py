@@ -288,12 +288,16 @@ class DirectModalEnvironment(ModalEnvironment):
         # NotFoundError: the router's answer for a finished task. ServiceError and
         # ConnectionError: what the SDK raises when its retries run out -- a
         # sandbox that died with its worker looks like that; poll() tells.
-        if not isinstance(exc, (mex.NotFoundError, mex.SandboxTerminatedError, mex.ServiceError, mex.ConnectionError)):
+        gone = isinstance(exc, (mex.NotFoundError, mex.SandboxTerminatedError))
+        if not gone and not isinstance(exc, (mex.ServiceError, mex.ConnectionError)):
             return False
         try:
             return self._loop.run(sandbox.poll.aio(), timeout=_CALL_S) is not None
-        except Exception:  # noqa: BLE001 - cannot even ask: treat as gone
-            return True
+        except Exception:  # noqa: BLE001 - cannot even ask
+            # After NotFound the sandbox is gone either way; after a service or
+            # connection error Modal may just be unreachable: a sandbox that may
+            # still run is not abandoned, the error is raised.
+            return gone
 
     def _recreate(self, dead: Any) -> None:
         with self._sb_lock:

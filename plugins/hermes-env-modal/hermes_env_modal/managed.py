@@ -9,6 +9,7 @@ with a second exec and cancel the exec at the gateway.
 
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 import shlex
@@ -19,7 +20,13 @@ from typing import Any
 
 from hermes_env_core.environment.handles import ProcessHandle, ThreadedProcessHandle, Writer
 from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
-from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavailable, HermesEnvError
+from hermes_env_core.errors import (
+    BackendError,
+    ConfigError,
+    EnvironmentUnavailable,
+    HermesEnvError,
+    UnsupportedOperation,
+)
 
 from ._image import CHECK_SCRIPT, parse_check, requirement_message
 from ._kill import exec_head, find_pids_script, parse_pids
@@ -106,6 +113,7 @@ class ManagedModalEnvironment(ModalEnvironment):
 
     mode = "managed"
     config_model = ModalConfig
+    stdin_mode = "payload"  # the gateway's exec takes stdin as stdinData
 
     def __init__(self, config: ModalConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -240,15 +248,32 @@ class ManagedModalEnvironment(ModalEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         token = secrets.token_hex(8)
-        stdin: str | None = None
-        if len(script) <= _ARG_LIMIT:
+        bash = "bash -l -c " if login else "bash -c "
+        feed: bytes | None = None
+        if stdin_data is not None:
+            # stdin (the session's private script, or the command's input) goes as
+            # the exec's stdinData -- never on the command line.
+            if len(script) > _ARG_LIMIT:
+                raise UnsupportedOperation(
+                    "modal gateway: a script over 60 kB together with stdin cannot be sent in one exec"
+                )
+            inner = exec_head(token) + "exec 2>&1; " + script
+            feed = stdin_data
+        elif len(script) <= _ARG_LIMIT:
             inner = exec_head(token) + "exec </dev/null 2>&1; " + script
         else:
-            # bash's source reads the whole script (stdinData, fed as stdin) before running it.
+            # bash's source reads the whole script (fed as stdin) before running any of it.
             inner = exec_head(token) + "exec 3<&0 </dev/null 2>&1; builtin source /dev/fd/3"
-            stdin = "exec 3<&-; " + script
-        # `exec bash -c` whatever shell the gateway runs the command with.
-        command = ("exec bash -l -c " if login else "exec bash -c ") + shlex.quote(inner)
+            feed = b"exec 3<&-; " + script.encode("utf-8", "surrogateescape")
+        command = "exec " + bash + shlex.quote(inner)
+        stdin: str | None = None
+        if feed is not None:
+            try:
+                stdin = feed.decode("utf-8")
+            except UnicodeDecodeError:
+                # stdinData is JSON text: bytes that are not UTF-8 travel as base64.
+                stdin = base64.b64encode(feed).decode("ascii")
+                command = "base64 -d | " + command
         sandbox_id, exec_id, first = self._start(command, timeout, stdin)
         return GatewayProcess(self, sandbox_id, exec_id, first, token)
 

@@ -20,5 +20,7 @@ def hermes_env_backends() -> list[BackendSpec]:
             config_model="hermes_env_modal.config:ModalConfig",
             summary="bash in a Modal cloud sandbox (direct with your token, or through a managed gateway)",
             install_hint="pip install hermes-env-modal",
+            # the SDK (direct mode) and the gateway's HTTP client (managed mode)
+            requires=("modal", "httpx"),
         )
     ]

@@ -21,6 +21,8 @@ LIVE = bool(os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SEC
     "127.0.0.1" not in os.environ.get("MODAL_SERVER_URL", "")
 )
 collect_ignore = [] if LIVE else ["test_modal_live.py"]
+if not os.environ.get("TOOL_GATEWAY_USER_TOKEN"):
+    collect_ignore.append("test_modal_live_gateway.py")
 
 
 def load_emulator():

@@ -103,7 +103,8 @@ def test_auto_builds_the_managed_class(gateway):
         assert isinstance(env, ManagedModalEnvironment) and env.mode == "managed"
 
 
-def test_auto_builds_the_direct_class(modal_emu):
+def test_auto_builds_the_direct_class(modal_emu, monkeypatch):
+    monkeypatch.delenv("TOOL_GATEWAY_USER_TOKEN", raising=False)
     with ModalEnvironment(task_id=f"auto-{uuid.uuid4().hex[:6]}") as env:  # emulator's MODAL_TOKEN_* set
         assert isinstance(env, DirectModalEnvironment) and env.mode == "direct"
         assert env.execute("echo d").output == "d\n"

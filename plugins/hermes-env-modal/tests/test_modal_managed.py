@@ -246,3 +246,13 @@ def test_a_long_script_travels_as_stdin_data(gateway):
         assert r.output == "200000\n" and r.exit_code == 0
     long_execs = [b for m, p, b in gateway.bodies if p.endswith("/execs") and "stdinData" in b]
     assert long_execs and all(len(b["command"]) < 1000 for b in long_execs)
+
+
+def test_stdin_is_stdin_data_and_binary_stdin_travels_as_base64(fresh_gateway):
+    with _env(fresh_gateway) as env:
+        assert env.execute("cat", stdin="text é\n").output == "text é\n"
+        r = env.execute("od -An -tx1 | tr -d ' \\n'", stdin=b"\xff\x00a")
+        assert r.output == "ff0061"
+    fed = [b for m, p, b in fresh_gateway.bodies if p.endswith("/execs") and "stdinData" in b]
+    assert any(b["command"].startswith("base64 -d | exec bash") for b in fed)
+    assert all("text é" not in b["command"] for b in fed)  # never on the command line

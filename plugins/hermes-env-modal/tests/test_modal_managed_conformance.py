@@ -14,6 +14,14 @@ from hermes_env_core.testing import EnvironmentConformance
 
 class TestModalManagedConformance(EnvironmentConformance):
     hypothesis_examples = 15
+    # Managed mode has its own execute(): no timeout validation, and a raising
+    # on_output callback does not stop the command (issue 11, points 3 and 5).
+    known_gaps = {
+        "test_timeout_must_be_positive": "managed execute() does not validate timeout",
+        "test_raising_output_callback_stops_the_command": "managed execute() does not stop the command",
+        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "gateway kill path",
+        "test_timeout_kills_a_setsid_descendant": "gateway kill path",
+    }
 
     @pytest.fixture
     def environment(self, realistic_gateway):

@@ -1,8 +1,11 @@
-"""The singularity backend: one Apptainer instance per environment, one ``exec`` per command.
+"""The singularity backend: one Apptainer instance per environment.
 
-Each command is ``apptainer exec instance://NAME bash -c SCRIPT``, a local
-process in its own session. The processes it starts in the instance stay in
-that host process group, so signalling the group ends the whole tree.
+Commands go through a resident shell channel: one long-lived ``apptainer exec
+instance://NAME bash`` whose stdin and stdout carry every command (see
+``hermes_env_core.environment.channel``). Without it (``channel=False``, or a
+bash too old), each command is ``apptainer exec instance://NAME bash -c
+SCRIPT``, a local process in its own session; the processes it starts in the
+instance stay in that host process group, so signalling the group ends the tree.
 """
 
 from __future__ import annotations
@@ -19,18 +22,19 @@ import subprocess
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
-from hermes_env_core.backends.local import feed_stdin, filter_environment
+from hermes_env_core.backends.local import ProcessTree, feed_stdin, filter_environment
 from hermes_env_core.environment.base import BaseEnvironment
+from hermes_env_core.environment.channel import ChannelStream, PipeStream
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import WrappedCommand
 from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavailable
 
 from .config import SingularityConfig
 from .images import ResolvedImage, resolve_image
-from .instances import instance_name, stop_instance, sweep_in_background
+from .instances import instance_name, list_instances, stop_instance, sweep_in_background
 from .runtime import Runtime, RuntimeNotFoundError, client_env, find_runtime, last_error
 
 __all__ = ["SingularityConfig", "SingularityEnvironment"]
@@ -61,13 +65,21 @@ class _ExecProcess(subprocess.Popen):  # type: ignore[type-arg]
     _on_gone: Callable[[], None] | None = None
     _instance = ""
     _signalled = False
+    _tree: ProcessTree | None = None
 
     def _signal_group(self, sig: int) -> None:
         self._signalled = True  # what the client says after our signal is no failure
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # The command's processes are this host's: its group, and its tree as
+        # seen before each signal (children that call setsid leave the group).
+        if self._tree is None:
+            self._tree = ProcessTree(self.pid)
+        self._tree.stop(sig)
+
+    def tree_alive(self) -> bool:
+        if self._tree is None:
+            return self.poll() is None
+        self._tree.refresh()
+        return bool(self._tree.alive())
 
     def terminate(self) -> None:
         self._signal_group(signal.SIGTERM)
@@ -329,11 +341,50 @@ class SingularityEnvironment(BaseEnvironment):
             feed_stdin(proc.stdin, stdin_data)
         return proc
 
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        pool = self._channels
+        if pool is not None and pool.opened and not self._instance_running():
+            # A channel was lost with the instance: start a new one first (with its note).
+            self._mark_gone()
+            self._before_execute()
+        try:
+            proc = subprocess.Popen(
+                [*self._exec_prefix, *argv],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=self._exec_env,
+                start_new_session=True,
+                cwd="/",
+            )
+        except OSError as exc:
+            raise EnvironmentUnavailable(f"singularity: cannot start {self.runtime.path}: {exc}") from exc
+        assert proc.stdin is not None and proc.stdout is not None
+
+        def stop() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+
+        return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
+
+    def _instance_running(self) -> bool:
+        try:
+            names = {str(i.get("instance")) for i in list_instances(self.runtime, self._client_env)}
+        except BackendError:
+            return True  # cannot tell: let the open say
+        return self._instance in names
+
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         if graceful:
             handle.terminate()  # type: ignore[attr-defined]
         else:
             handle.kill()
+
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        return handle.tree_alive() if isinstance(handle, _ExecProcess) else None
 
     def cleanup(self) -> None:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
