@@ -463,11 +463,13 @@ class BaseEnvironment(abc.ABC):
         path = posixpath.join(parent, "hermes-env-" + secrets.token_hex(16))
         q = shlex.quote(path)
         script = (
+            f"command mkdir -p -- {shlex.quote(parent)} 2>/dev/null; "
             f"(builtin umask 077; command mkdir -m 700 -- {q}) && [ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] "
             "&& builtin printf private"
         )
         code, out = self._run_helper(script, timeout=60.0)
-        if code != 0 or not out.endswith(b"private"):
+        # The exit status decides (some SDKs deliver a helper's output late, or not at all).
+        if code != 0 or (out and not out.endswith(b"private")):
             raise EnvironmentUnavailable(
                 f"{self.name}: cannot create a private state directory {path} in the target "
                 f"(exit {code}): {out.decode(errors='replace').strip()[:300]}"
