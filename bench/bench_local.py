@@ -79,6 +79,22 @@ def main() -> int:
     raw, ours = statistics.median(raw_t), statistics.median(ours_t)
     print(f"execute('true'): raw {raw * 1e3:.3f} ms, hermes-env {ours * 1e3:.3f} ms, ratio {ours / raw:.2f} (target <= 1.5)")
 
+    # What the per-command cgroup costs (its join through /bin/sh, mkdir, rmdir).
+    from hermes_env_core.backends._local_tree import cgroup_pool
+
+    if cgroup_pool() is not None:
+        nocg = LocalEnvironment(cgroup=False)
+        nocg.execute("true")
+        with_t, without_t = [], []
+        for _ in range(args.rounds):
+            with_t += timed(lambda: env.execute("true"), 1)
+            without_t += timed(lambda: nocg.execute("true"), 1)
+        w, wo = statistics.median(with_t), statistics.median(without_t)
+        print(f"execute('true'): cgroup per command {w * 1e3:.3f} ms, without {wo * 1e3:.3f} ms, ratio {w / wo:.2f}")
+        nocg.close()
+    else:
+        print("execute('true'): no cgroup can be made here; commands run without one")
+
     big = LocalEnvironment(max_output_bytes=64 * 1024 * 1024)
     big.execute("true")
     braw, bours = [], []

@@ -20,6 +20,7 @@ from .config import (
     resolve_config,
 )
 from .environment import (
+    API_VERSION,
     EXIT_CANCELLED,
     EXIT_CWD,
     EXIT_TIMEOUT,
@@ -29,9 +30,13 @@ from .environment import (
     EnvironmentConfig,
     ExecResult,
     ProcessHandle,
+    RunRequest,
     StdinMode,
+    Target,
+    TargetEnvironment,
     ThreadedProcessHandle,
     Usage,
+    run_to_end,
 )
 from .errors import (
     BackendError,
@@ -44,6 +49,7 @@ from .errors import (
     HermesEnvError,
     PluginLoadError,
     SyncError,
+    TargetLostError,
     UnsafeArchiveError,
     UnsupportedOperation,
     UsageError,
@@ -65,6 +71,7 @@ except _PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "API_VERSION",
     "EXIT_CANCELLED",
     "EXIT_CWD",
     "EXIT_TIMEOUT",
@@ -95,8 +102,12 @@ __all__ = [
     "PluginLoadWarning",
     "ProcessHandle",
     "ResolvedConfig",
+    "RunRequest",
     "StdinMode",
     "SyncError",
+    "Target",
+    "TargetEnvironment",
+    "TargetLostError",
     "ThreadedProcessHandle",
     "UnsafeArchiveError",
     "UnsupportedOperation",
@@ -109,4 +120,5 @@ __all__ = [
     "load_config_file",
     "memory_bytes",
     "resolve_config",
+    "run_to_end",
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "HermesEnvError",
     "PluginLoadError",
     "SyncError",
+    "TargetLostError",
     "UnsafeArchiveError",
     "UnsupportedOperation",
     "UsageError",

@@ -38,7 +38,7 @@ PY=$VENV/bin/python
 for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes; do
     "$PY" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
 done
-"$PY" -m pip install -q -e ".[docker,ssh,test,mcp]" || die "pip install of the core failed"
+"$PY" -m pip install -q -e ".[docker,ssh,test,mcp,lint]" || die "pip install of the core failed"
 
 status=0
 run_suite() {  # name, then pytest arguments
@@ -53,7 +53,18 @@ run_suite() {  # name, then pytest arguments
     esac
 }
 
+step "lint: ruff check (configuration in pyproject.toml)"
+"$PY" -m ruff check hermes_env_core plugins || { echo "test.sh: ruff check failed"; status=1; }
+
+step "each backend's own logic lines (scripts/logic-lines.py)"
+"$PY" scripts/logic-lines.py || status=1
+
 run_suite core tests
+# docker and ssh default to the resident shell channel; their conformance runs
+# both ways, and here the rest of their tests run through one process per command.
+HERMES_ENV_CHANNEL=0 run_suite core-process \
+    tests/backends/test_docker.py tests/backends/test_ssh.py tests/processes/test_bg_docker.py \
+    tests/processes/test_bg_ssh.py -k "not Conformance"
 
 # Plugins, then the third-party examples that are distributions: each alone, with its [test] extra.
 for dir in plugins/*/ examples/*/; do

@@ -17,7 +17,7 @@ import time
 import importlib.metadata as importlib_metadata
 import pytest
 
-from hermes_env_core import BackendRegistry, BackendSpec, hookimpl
+from hermes_env_core import API_VERSION, BackendRegistry, BackendSpec, hookimpl
 from hermes_env_core.cli import info as cli_module
 from hermes_env_core import factory as factory_module
 from hermes_env_core.backends.local import LocalEnvironment
@@ -309,8 +309,8 @@ def test_backends_lists_the_builtins_with_distribution_and_version():
     assert proc.returncode == 0
     version = importlib_metadata.version("hermes-env-core")
     [local] = [line for line in proc.stdout.splitlines() if line.startswith("local ")]
-    assert local.split() == ["local", "-", "hermes-env-core", version, "loadable"]
-    assert proc.stdout.splitlines()[0].split() == ["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "STATUS"]
+    assert local.split() == ["local", "-", "hermes-env-core", version, API_VERSION, "loadable"]
+    assert proc.stdout.splitlines()[0].split() == ["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "API", "STATUS"]
 
 
 def test_backends_json():
@@ -319,7 +319,8 @@ def test_backends_json():
     assert {"local", "docker", "ssh"} <= set(rows)
     assert rows["local"]["loadable"] is True and rows["local"]["distribution"] == "hermes-env-core"
     assert rows["docker"]["target"] == "hermes_env_core.backends.docker:DockerEnvironment"
-    assert set(data) == {"backends", "failed_plugins", "conflicts", "not_installed"}
+    assert set(data) == {"api_version", "backends", "failed_plugins", "conflicts", "not_installed"}
+    assert data["api_version"] == API_VERSION == rows["local"]["api_version"]
 
 
 def test_backends_names_what_to_install_for_known_backends(core_registry):

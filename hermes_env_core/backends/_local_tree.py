@@ -11,6 +11,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 _counter = itertools.count()
 _pool_lock = threading.Lock()
 _pool: tuple[str, str] | None | bool = False  # False: not looked for yet
+_stale: set[str] = set()  # command cgroups whose removal failed (a process raced in): tried again later
 
 
 def _own_cgroup() -> str | None:
@@ -65,6 +67,7 @@ def _make_pool() -> tuple[str, str] | None:
     own = _own_cgroup()
     if own is None:
         return None
+    _sweep_dead_pools(own)
     pool = os.path.join(own, f"hermes-env-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         os.mkdir(pool)
@@ -76,8 +79,39 @@ def _make_pool() -> tuple[str, str] | None:
     ):
         _rmdir(pool)
         return None
-    atexit.register(_rmdir, pool)
+    atexit.register(_remove_pool, pool)
     return own, pool
+
+
+def _sweep_dead_pools(own: str) -> None:
+    """Remove the empty cgroups a killed process of ours left (rmdir refuses busy ones)."""
+    try:
+        names = os.listdir(own)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"hermes-env-(\d+)-[0-9a-f]{8}", name)
+        if m is None or psutil.pid_exists(int(m.group(1))):
+            continue
+        path = os.path.join(own, name)
+        try:
+            kids = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for kid in kids:
+            _rmdir(kid)
+        _rmdir(path)
+
+
+def _sweep_stale() -> None:
+    for path in list(_stale):
+        if _rmdir(path):
+            _stale.discard(path)
+
+
+def _remove_pool(pool: str) -> None:
+    _sweep_stale()
+    _rmdir(pool)
 
 
 def _rmdir(path: str) -> bool:
@@ -94,6 +128,8 @@ class CommandCgroup:
     """The cgroup one command runs in; ``procs`` is where the command adds itself."""
 
     def __init__(self, own: str, pool: str) -> None:
+        if _stale:
+            _sweep_stale()
         self.own = own
         self.path = os.path.join(pool, f"c{next(_counter)}")
         os.mkdir(self.path)
@@ -157,7 +193,10 @@ class CommandCgroup:
             else:
                 self.signal(signal.SIGKILL)
                 _wait_gone(pids, 2.0)
-        return _rmdir(self.path)
+        if _rmdir(self.path):
+            return True
+        _stale.add(self.path)
+        return False
 
 
 class ProcessTree:

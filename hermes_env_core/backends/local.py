@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -30,12 +31,14 @@ from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
+from ..environment.target import RunRequest
 from ..errors import EnvironmentUnavailable
+from ._local_memory import MemoryCgroup
 from ._local_tree import CommandCgroup, ProcessTree, cgroup_pool, stop_all, wait_dead
 
 __all__ = [
     "LocalConfig", "LocalEnvironment", "ProcessTree", "SECRET_PATTERNS", "carries_url_password", "feed_stdin",
-    "filter_environment",
+    "filter_environment", "start_bash",
 ]
 
 #: Variable names (globs, matched case-insensitively) kept out of commands.
@@ -100,6 +103,11 @@ class LocalConfig(EnvironmentConfig):
     env_blocklist: tuple[str, ...] = Field((), description="More variable names to keep out (globs).")
     inherit_env: bool = Field(True, description="Start from this process's environment.")
     bash: str = Field("bash", description="The bash executable.")
+    cgroup: bool = Field(
+        True,
+        description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
+        "timeout, cancel or close stops every process it started.",
+    )
     # Here a new process is as cheap as the channel's fork in the server, and
     # it reports peak memory: the resident channel is opt-in.
     channel: bool = Field(
@@ -131,6 +139,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     #: this process's own peak RSS (bytes) when bash was started
     spawner_peak = 0
     cgroup: CommandCgroup | None = None
+    memory: MemoryCgroup | None = None
     tree: ProcessTree | None = None
     stopping = False
 
@@ -167,11 +176,14 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
             # A child starts out with the high-water mark of the process it
             # was forked from (the kernel keeps it across exec): a figure no
             # higher than ours then says nothing about the command.
+            # higher than ours then says nothing about the command. Its own
+            # memory cgroup, where one could be made, counts just the command.
             peak = ru.ru_maxrss * 1024  # kilobytes on Linux
+            measured = self.memory.peak() if self.memory is not None else None
             self.usage = Usage(
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
-                max_rss_bytes=peak if peak > self.spawner_peak else None,
+                max_rss_bytes=measured if measured is not None else peak if peak > self.spawner_peak else None,
                 oom_killed=None,
             )
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -188,6 +200,9 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         cg, self.cgroup = self.cgroup, None
         if cg is not None:
             cg.release(keep_alive=not self.stopping)
+        mem, self.memory = self.memory, None
+        if mem is not None:
+            mem.release()
         return code
 
     def _wait_bash(self, timeout: float | None) -> int:
@@ -248,49 +263,9 @@ class LocalEnvironment(BaseEnvironment):
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        args = [self._bash, "-l"] if login else [self._bash]
-        cgroup = _new_cgroup()
-        if cgroup is not None:
-            # bash joins its cgroup before it can start anything: a shell moves
-            # itself there, then becomes bash.
-            args = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", cgroup.procs, *args]
-        pass_fds: tuple[int, ...] = ()
-        script_r = script_w = -1
-        if len(script) > _SCRIPT_ARG_LIMIT:
-            # Too long for one argv string: bash reads it from a pipe instead.
-            script_r, script_w = os.pipe()
-            pass_fds = (script_r,)
-            args += ["-c", f"builtin source /dev/fd/{script_r}", "bash"]
-        else:
-            args += ["-c", script, "bash"]
-        spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        try:
-            proc = _CommandPopen(
-                args,
-                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                start_new_session=True,
-                pass_fds=pass_fds,
-                cwd=self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None,
-            )
-        except OSError as exc:
-            if cgroup is not None:
-                cgroup.release(keep_alive=False)
-            raise EnvironmentUnavailable(f"local: cannot start {self._bash}: {exc}") from exc
-        finally:
-            if script_r >= 0:
-                os.close(script_r)
-        proc.cgroup = cgroup
-        proc.spawner_peak = spawner_peak
-        if script_w >= 0:
-            feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
-        if proc.stdout is not None:
-            _widen_pipe(proc.stdout.fileno())
-        if stdin_data is not None:
-            feed_stdin(proc.stdin, stdin_data)
-        return proc
+        cwd = self.config.cwd if self.config.cwd and os.path.isdir(self.config.cwd) else None
+        request = RunRequest(script=script, login=login, stdin=stdin_data, timeout=timeout)
+        return start_bash(request, env=self._env, cwd=cwd, bash=self._bash, cgroup=self.config.cgroup)  # type: ignore[attr-defined]
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
@@ -331,12 +306,89 @@ class LocalEnvironment(BaseEnvironment):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-_JOIN_CGROUP = 'echo 0 >"$1" 2>/dev/null; shift; exec "$@"'
+def start_bash(
+    request: RunRequest,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    bash: str = "bash",
+    cgroup: bool = True,
+) -> ProcessHandle:
+    """Start ``bash -c request.script`` on this machine, as the local backend does.
+
+    For a ``Target`` whose commands run here (or behind a local command such
+    as a container runtime's CLI): output merged on ``stdout``; ``stdin`` fed
+    from a thread and closed (no stdin: end of input at once); a script past
+    the argv limit read from a pipe; bash in a new session and, where one can
+    be made, its own cgroup. The handle's ``terminate()`` and ``kill()`` reach
+    the whole tree (``setsid`` children included), ``tree_alive()`` tells
+    whether any of it is left, ``wait()`` reaps it and fills ``usage``.
+    ``env`` defaults to this process's environment with secrets filtered out
+    (``filter_environment``). ``cgroup=False``: no cgroup even where one can
+    be made (the tree is then found through psutil). Raises ``EnvironmentUnavailable`` when bash
+    cannot be started.
+    """
+    if env is None:
+        env = filter_environment(os.environ)
+    found = bash if os.path.isabs(bash) and os.access(bash, os.X_OK) else shutil.which(bash, path=env.get("PATH"))
+    if found is None:
+        raise EnvironmentUnavailable(f"local: cannot start {bash}: not an executable file (nor on PATH)")
+    args = [found, "-l"] if request.login else [found]
+    script = request.script
+    group = _new_cgroup() if cgroup else None
+    memory = MemoryCgroup.make()
+    # bash joins its cgroups before it runs anything of the command (on the
+    # script's first line, so that line numbers stay those of the script).
+    join = "".join(
+        f"builtin echo 0 >{shlex.quote(c.procs)} 2>/dev/null; " for c in (group, memory) if c is not None
+    )
+    pass_fds: tuple[int, ...] = ()
+    script_r = script_w = -1
+    if len(script) > _SCRIPT_ARG_LIMIT:
+        # Too long for one argv string: bash reads it from a pipe instead.
+        script_r, script_w = os.pipe()
+        pass_fds = (script_r,)
+        args += ["-c", f"{join}builtin source /dev/fd/{script_r}", "bash"]
+    else:
+        args += ["-c", join + script, "bash"]
+    spawner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        proc = _CommandPopen(
+            args,
+            stdin=subprocess.PIPE if request.stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env if isinstance(env, dict) else dict(env),
+            start_new_session=True,
+            pass_fds=pass_fds,
+            cwd=cwd,
+        )
+    except OSError as exc:
+        if group is not None:
+            group.release(keep_alive=False)
+        if memory is not None:
+            memory.release()
+        if script_w >= 0:
+            os.close(script_w)
+        raise EnvironmentUnavailable(f"local: cannot start {bash}: {exc}") from exc
+    finally:
+        if script_r >= 0:
+            os.close(script_r)
+    proc.cgroup = group
+    proc.memory = memory
+    proc.spawner_peak = spawner_peak
+    if script_w >= 0:
+        feed_stdin(os.fdopen(script_w, "wb"), script.encode("utf-8", "surrogateescape"))
+    if proc.stdout is not None:
+        _widen_pipe(proc.stdout.fileno())
+    if request.stdin is not None:
+        feed_stdin(proc.stdin, request.stdin)
+    return proc
 
 
 def _new_cgroup() -> CommandCgroup | None:
     pool = cgroup_pool()
-    if pool is None or not os.path.exists("/bin/sh"):
+    if pool is None:
         return None
     try:
         return CommandCgroup(*pool)

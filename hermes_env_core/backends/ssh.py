@@ -583,7 +583,11 @@ class _RemoteBash:
 
     def tree_alive(self) -> bool | None:
         """Whether any process of the command still runs (None: cannot tell)."""
-        found = self._tree_helper("0")
+        try:
+            found = self._tree_helper("0")
+        except Exception as exc:  # noqa: BLE001 - cannot tell: the caller sends SIGKILL
+            log.debug("ssh: tree check failed: %r", exc)
+            return None
         return None if found is None else bool(found)
 
     def _tree_helper(self, sig: str) -> set[str] | None:

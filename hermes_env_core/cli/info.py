@@ -20,7 +20,7 @@ from pydantic_core import PydanticUndefined
 from ..environment.base import BaseEnvironment
 from ..errors import HermesEnvError
 from ..plugins.registry import KNOWN_BACKENDS, BackendRegistry, get_registry
-from ..plugins.spec import BackendSpec
+from ..plugins.spec import API_VERSION, BackendSpec
 from .common import PROG, add_command, environment, exit_status_of, factory_for, print_table
 
 __all__ = ["add_commands"]
@@ -88,14 +88,16 @@ def cmd_backends(args: argparse.Namespace) -> int:
     conflicts = {key: [s.distribution for s in specs] for key, specs in registry.conflicts.items()}
     missing = _not_installed(registry)
     if args.json:
-        payload = {"backends": rows, "failed_plugins": failed, "conflicts": conflicts, "not_installed": missing}
+        payload = {"api_version": API_VERSION, "backends": rows, "failed_plugins": failed, "conflicts": conflicts,
+                   "not_installed": missing}
         print(json.dumps(payload, indent=2))
         return 0
-    table = [["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "STATUS"]]
+    table = [["NAME", "ALIASES", "DISTRIBUTION", "VERSION", "API", "STATUS"]]
     for row in rows:
         status = "loadable" if row["loadable"] else f"not loadable: {row['reason']}"
         table.append(
-            [row["name"], ",".join(row["aliases"]) or "-", row["distribution"] or "-", row["version"] or "-", status]
+            [row["name"], ",".join(row["aliases"]) or "-", row["distribution"] or "-", row["version"] or "-",
+             row["api_version"], status]
         )
     print_table(table)
     if failed:
@@ -111,7 +113,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print("\nknown backends not installed:")
         for item in missing:
             print(f"  {item['name']}: {item['install']}")
-    print(f"\n(listing imports no backend; `{PROG} doctor` imports each and checks its requirements)")
+    print(f"\nplugin API of this core: {API_VERSION} (a plugin built for another major version is refused)")
+    print(f"(listing imports no backend; `{PROG} doctor` imports each and checks its requirements)")
     return 0
 
 
@@ -130,6 +133,7 @@ def _backend_row(registry: BackendRegistry, spec: BackendSpec) -> dict[str, Any]
         "aliases": list(spec.aliases),
         "distribution": spec.distribution,
         "version": info.version if info else None,
+        "api_version": spec.api_version,
         "summary": spec.summary,
         "target": spec.target,
         "loadable": loadable,
@@ -276,7 +280,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         names = [factory_for(args).resolve(None, option_strings=dict(args.option)).backend]
     checked_all = not names
     names = names or registry.names()
-    report: dict[str, Any] = {"backends": [], "failed_plugins": [], "not_installed": []}
+    report: dict[str, Any] = {"api_version": API_VERSION, "backends": [], "failed_plugins": [], "not_installed": []}
     for name in names:
         entry: dict[str, Any] = {"name": name, "ok": True, "problems": []}
         report["backends"].append(entry)
@@ -315,6 +319,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for f in report["failed_plugins"]:
         where = f" {f['version']}" if f["version"] else ""
         print(f"plugin {f['plugin']} ({f['distribution'] or 'unknown distribution'}{where}): FAIL: {f['error']}")
+    if checked_all:
+        print(f"plugin API of this core: {API_VERSION}")
     for item in report["not_installed"]:
         print(f"{item['name']}: not installed ({item['install']})")
     return 1 if bad else 0
@@ -332,6 +338,8 @@ def _mode(cls: type[BaseEnvironment]) -> str | None:
         return None
     if opener is _Base._open_channel:
         return "one process per command (the backend offers no resident channel)"
+    if any("offers_channel" in vars(k) for k in cls.__mro__ if k is not _Base):  # decided by its target
+        return "resident shell channel where the target offers open_channel, else one process per command"
     field = cls.config_model.model_fields.get("channel")
     on = field.get_default(call_default_factory=True) if field is not None else True
     if on:

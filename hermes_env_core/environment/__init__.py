@@ -6,8 +6,15 @@ from .base import BaseEnvironment, CancelToken, StdinMode
 from .handles import ProcessHandle, ThreadedProcessHandle
 from .options import EnvironmentConfig
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
+from .target import API_VERSION, RunRequest, Target, TargetEnvironment, parse_api_version, run_to_end
 
 __all__ = [
+    "API_VERSION",
+    "RunRequest",
+    "Target",
+    "TargetEnvironment",
+    "parse_api_version",
+    "run_to_end",
     "BaseEnvironment",
     "CancelToken",
     "EXIT_CANCELLED",

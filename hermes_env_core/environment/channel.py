@@ -250,6 +250,9 @@ class Channel:
         self.dead: str | None = None
         self.server_pid: int | None = None
         self.bash_version = ""
+        self.last: ChannelCommand | None = None  # the latest command sent
+        #: called by the reader with (channel, command) once a command has reported
+        self.on_report: Callable[[Channel, ChannelCommand], None] | None = None
         self._thread = threading.Thread(target=self._reader, name=f"hermes-{label}", daemon=True)
         program = _server_program(self._nonce)
         try:
@@ -294,6 +297,7 @@ class Channel:
             self._next_id += 1
             cmd = ChannelCommand(self, self._next_id)
             cmd._begin = begin
+            self.last = cmd
             self._queue.append(cmd)
         head = b"R %d %d %d %d\n" % (cmd.cid, 1 if login else 0, len(body), len(stdin) if stdin_data is not None else -1)
         try:
@@ -423,11 +427,14 @@ class Channel:
                 self._queue.popleft()
                 self._ending = cmd.cid
             cmd.usage, self._usage = self._usage, None
+            on_report = self.on_report
             if cmd._begin is not None and cmd._pre:
                 cmd._feed(cmd._pre)  # the script never started: show what bash said
             # Acknowledge first, so that a command sent next finds the relay gone.
             self._send(b"A %d\n" % cmd.cid)
             cmd._finish(int(rc_s))
+            if on_report is not None:
+                on_report(self, cmd)  # free for the next command
         elif kind == "S":
             for cmd in self._queue:
                 if str(cmd.cid) == rest:
@@ -485,6 +492,7 @@ class ChannelPool:
                 while self._idle:
                     ch = self._idle.pop()
                     if ch.dead is None:
+                        ch.last = None
                         return ch
                     self._forget(ch)
                 if len(self._all) + self._opening < self.limit:
@@ -512,10 +520,22 @@ class ChannelPool:
         finally:
             with self._cond:
                 self._opening -= 1
+        ch.on_report = self.release
         with self._cond:
             self._all.append(ch)
             self.opened += 1
         return ch
+
+    def try_acquire(self) -> Channel | None:
+        """An idle channel now, or None (never opens one, never waits): for helpers."""
+        with self._cond:
+            while self._idle and not self.closed and self.refused is None:
+                ch = self._idle.pop()
+                if ch.dead is None:
+                    ch.last = None
+                    return ch
+                self._forget(ch)
+        return None
 
     def release(self, ch: Channel, cmd: ChannelCommand) -> None:
         """``cmd`` is over for its caller: ``ch`` may take the next command,
@@ -525,7 +545,10 @@ class ChannelPool:
         with self._cond:
             if ch.dead is not None:
                 self._forget(ch)
-            elif ch not in self._idle:
+            elif ch.last is cmd and ch not in self._idle:
+                # (Only for its latest command: a late second release must not
+                # free a channel that another caller already took.)
+                ch.last = None
                 self._idle.append(ch)
             self._cond.notify()
 

@@ -31,7 +31,7 @@ __all__ = [
 OUT_FD = 63
 
 # The state sections the save writes, in order; the parser reads them back.
-SECTIONS = ("vars", "funcs", "aliases", "opts", "full", "traps", "soft", "hard", "hash", "jobs", "left")
+SECTIONS = ("vars", "funcs", "aliases", "opts", "full", "traps", "soft", "hard", "hash", "jobs", "times", "left")
 
 
 def stub(channel: str, path: str | None = None) -> str:
@@ -167,6 +167,7 @@ builtin ulimit -S -a; builtin printf '%%s\n' "$__hermes_sep"
 builtin ulimit -H -a; builtin printf '%%s\n' "$__hermes_sep"
 builtin hash -l 2>/dev/null; builtin printf '%%s\n' "$__hermes_sep"
 builtin jobs -p; builtin printf '%%s\n' "$__hermes_sep"
+builtin printf '%%s %%s\n' "$$" "$BASHPID"; builtin times; builtin printf '%%s\n' "$__hermes_sep"
 }
 if [ ! -e "$__hermes_d" ] && [ ! -L "$__hermes_d" ]; then
   (builtin umask 077; command mkdir -m 700 -- "$__hermes_d") 2>/dev/null && __hermes_new=recreated

@@ -5,38 +5,39 @@ the result are the core's; a target only starts bash there, runs helper
 scripts, names a private directory and lets go. Documented like a hookspec:
 each method says when it is called, what it must do and what it may not.
 
-Versioning (``API_VERSION``): a minor version may add optional methods,
-optional ``RunRequest`` fields with defaults and capabilities; only a major
-version may remove or change what a target already implements. A plugin says
-which version it was built for in ``BackendSpec.api_version``; a plugin built
-for another major version is refused at load.
+Versioning (``API_VERSION``, ``MAJOR.MINOR``): a minor version may add
+optional methods (with a default, or looked up only when present), optional
+``RunRequest`` fields with defaults, optional ``BackendSpec`` fields and new
+capabilities; a plugin built for 1.0 runs unchanged on every 1.x. Only a
+major version may remove or rename anything, change a signature, a
+method's meaning or a default, or make something optional required. A
+plugin says which version it was built for in ``BackendSpec.api_version``; a
+plugin built for another major version is refused at load.
 """
 
 from __future__ import annotations
 
 import abc
+import errno
+import os
+import select
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
-from ..errors import EnvironmentUnavailable, TargetLostError
+from ..errors import EnvironmentClosedError, EnvironmentUnavailable, TargetLostError
+from ..plugins.spec import API_VERSION, parse_api_version
 from .base import BaseEnvironment
+from .channel import ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
+from .session import WrappedCommand
 
-__all__ = ["API_VERSION", "RunRequest", "Target", "TargetEnvironment", "parse_api_version"]
-
-#: the version of the plugin API: this protocol and the ``hermes_env_backends`` hookspec
-API_VERSION = "1.0"
-
-
-def parse_api_version(text: str) -> tuple[int, int]:
-    """``"1.0"`` -> ``(1, 0)``; a clear error for anything else."""
-    major, dot, minor = str(text).partition(".")
-    if not (major.isdigit() and dot and minor.isdigit()):
-        raise ValueError(f"plugin API version {text!r} is not of the form MAJOR.MINOR (such as {API_VERSION!r})")
-    return int(major), int(minor)
-
+__all__ = [
+    "API_VERSION", "RunRequest", "Target", "TargetEnvironment", "TargetLostError", "parse_api_version", "run_to_end",
+]
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -47,11 +48,11 @@ class RunRequest:
     that passes it on a command line must then feed it another way (a pipe,
     a file it removes). ``stdin`` is the process's whole standard input, to be
     followed by end of input (None: end of input at once, never a terminal).
-    ``live_output``: someone watches the output as it comes, so deliver it
-    as it is written, not only at the end. ``end_marker``: the bytes that end
-    the core's frame on stdout; a target never needs to parse it, but one
-    that can only return output at the end may stop reading after it.
     ``timeout`` is advisory: the core enforces it by killing the handle.
+    ``live_output`` (someone watches output as it comes) and ``end_marker``
+    (the bytes that end the core's frame on stdout) are hints for targets
+    that can only return output at the end; a target may ignore both, and
+    this core version leaves them at their defaults.
     """
 
     script: str
@@ -69,7 +70,8 @@ class Target(Protocol):
     Called from several threads at once (commands run concurrently); a target
     guards its own shared state. Raise ``EnvironmentUnavailable`` when the
     target cannot run anything, ``BackendError`` for a broken transport;
-    never return a made-up exit code.
+    never return a made-up exit code. A class that names ``Target`` as a
+    base inherits the default ``run_helper``.
     """
 
     def start(self, request: RunRequest) -> ProcessHandle:
@@ -77,9 +79,13 @@ class Target(Protocol):
 
         Called once per command and for the core's own snapshots. Raise
         ``TargetLostError`` when the target is gone: the core then calls
-        ``recover`` and starts the command once more. The
-        handle's ``kill()`` must end the whole process tree of the command in
-        the target, including descendants that left its process group.
+        ``recover`` and starts the command once more. The handle's ``kill()``
+        must end the whole process tree of the command in the target,
+        including descendants that left its process group. Optional handle
+        extras the core uses when present: ``terminate()`` (graceful stop of
+        the tree), ``tree_alive() -> bool`` (is anything of the tree left),
+        ``notes`` and ``usage``. ``hermes_env_core.backends.local.start_bash``
+        gives all of them for bash on this machine.
         """
         ...
 
@@ -87,21 +93,26 @@ class Target(Protocol):
         """Run a short bash script outside the session and wait: (exit code, merged output).
 
         For the core's own work (background processes, file transfer checks);
-        it sees no session state and must not change it.
+        it sees no session state and must not change it. Raise ``TimeoutError``
+        when it runs past ``timeout`` (after killing it). The default runs it
+        through ``start`` and ``run_to_end``.
         """
-        ...
+        return run_to_end(self.start(RunRequest(script=script, timeout=timeout)), timeout=timeout)
 
     def state_dir(self) -> str:
         """A directory in the target only the session's user can enter (0700, unguessable name).
 
-        Called once, when the session starts, and again after ``recover``.
+        Asked once, when the session starts; after ``recover`` the same path
+        must be usable again.
         """
         ...
 
     def recover(self, why: str) -> bool:
-        """The target was lost (``why``); bring up a new one. True if it did (the core restores the session).
+        """The target was lost (``why``); bring up a new one. True if it did.
 
-        Return False when the target cannot be recreated: the core then
+        Called at most once per loss, never concurrently with itself. The
+        session's state is kept by the core, so the next command gets it
+        back. Return False when the target cannot be recreated: the core then
         raises ``EnvironmentUnavailable`` with ``why``.
         """
         ...
@@ -110,35 +121,116 @@ class Target(Protocol):
         """Let go of everything (containers, connections, temporary files). Called once, at close."""
         ...
 
+    # Optional capability, looked up only when present (not part of the
+    # protocol's required methods):
+    #
+    #   def open_channel(self, argv: Sequence[str]) -> ChannelStream
+    #
+    # Start ``argv`` (a bash, non-login, the user, env and cwd of ``start``)
+    # with its stdin and stdout as one long-lived byte stream, no tty, stderr
+    # kept out. The core then runs a resident shell server on it and sends
+    # every command through it (see ``environment.channel``); raise
+    # ``EnvironmentUnavailable`` when the target cannot be reached (that
+    # command then goes through ``start``, which recovers a lost target).
+
+
+_DRAIN_S = 0.2  # how long to keep reading after bash has exited (a background child may hold the pipe)
+
+
+def run_to_end(handle: ProcessHandle, *, timeout: float) -> tuple[int, bytes]:
+    """Read a started process's output to its end and reap it: (exit code, output).
+
+    Past ``timeout`` the handle is killed and ``TimeoutError`` raised.
+    """
+    stdout = handle.stdout
+    if stdout is None:
+        raise ValueError("run_to_end: the handle has no stdout")
+    fd = stdout.fileno()
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    exited_at: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                handle.kill()
+                try:
+                    handle.wait(timeout=5.0)
+                except Exception:  # noqa: BLE001 - the timeout is the error to report
+                    pass
+                raise TimeoutError(f"helper script still running after {timeout:g}s; it was killed")
+            ready, _, _ = select.select([fd], [], [], min(deadline - now, 0.05))
+            if ready:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EINTR):
+                        continue
+                    data = b""
+                if not data:
+                    break
+                chunks.append(data)
+            elif handle.poll() is not None:
+                exited_at = exited_at if exited_at is not None else now
+                if now - exited_at > _DRAIN_S:
+                    break
+    finally:
+        stdout.close()
+    return handle.wait(timeout=max(deadline - time.monotonic(), 5.0)), b"".join(chunks)
+
 
 _C = TypeVar("_C", bound=EnvironmentConfig)
 
 
 class TargetEnvironment(BaseEnvironment, Generic[_C]):
-    """A backend written against ``Target`` only: subclass, set ``name`` and
-    ``config_model``, and implement ``make_target``. Everything else (state,
-    timeouts, cancel, output, notes, the conformance suite) is the core's.
+    """A backend written against ``Target`` only.
+
+    Subclass it as ``TargetEnvironment[MyConfig]``, set ``name`` and
+    ``config_model``, and implement ``make_target``; ``self.config`` is then
+    typed as ``MyConfig``. Everything else (state, timeouts, cancel, output,
+    notes, the conformance suite) is the core's.
     """
 
     config_model: ClassVar[type[EnvironmentConfig]] = EnvironmentConfig
+    #: ``Target.state_dir`` is private by contract (0700, unguessable)
+    state_dir_private: ClassVar[bool] = True
     config: _C
 
     def __init__(self, config: _C | None = None, **options: Any) -> None:
         super().__init__(config, **options)
         self._target: Target | None = None
         self._target_lock = threading.Lock()
+        self._released = False
+        self._generation = 0  # how many times the target was recovered
 
     @abc.abstractmethod
     def make_target(self, config: _C) -> Target:
-        """Create the target (lazily: called before the first command). May raise ``EnvironmentUnavailable``."""
+        """Create the target (lazily: before the first command). May raise ``EnvironmentUnavailable``."""
 
     @property
     def target(self) -> Target:
-        if self._target is None:
+        """The target, made by ``make_target`` on first use."""
+        target = self._target
+        if target is None:
             with self._target_lock:
+                if self._released:
+                    raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
                 if self._target is None:
-                    self._target = self.make_target(self.config)
-        return self._target
+                    made = self.make_target(self.config)
+                    if not isinstance(made, Target):
+                        missing = [m for m in ("start", "run_helper", "state_dir", "recover", "release")
+                                   if not callable(getattr(made, m, None))]
+                        raise TypeError(
+                            f"{type(self).__name__}.make_target returned {made!r}, which is not a Target "
+                            f"(missing: {', '.join(missing)})"
+                        )
+                    self._target = made
+                target = self._target
+        return target
+
+    def run_helper(self, script: str, *, timeout: float = 60.0) -> tuple[int, bytes]:
+        """Run ``script`` in the target outside the session: (exit code, merged output)."""
+        return self.target.run_helper(script, timeout=timeout)
 
     # -- the base class's steps, expressed through the target -------------------------
     def _state_dir(self) -> str:
@@ -149,17 +241,37 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
     ) -> ProcessHandle:
         request = RunRequest(script=script, login=login, stdin=stdin_data, timeout=timeout)
         target = self.target
+        generation = self._generation
         try:
             return target.start(request)
         except TargetLostError as exc:
             why = str(exc) or "the target was lost"
             with self._target_lock:
-                recovered = target.recover(why)
-            if not recovered:
-                raise EnvironmentUnavailable(f"{self.name}: {why}; it could not be brought back") from exc
-            self._note(f"{self.name}: {why}; the target was recreated and the session restored")
+                # Concurrent commands lose the target together: one recovers it.
+                if generation == self._generation:
+                    if not target.recover(why):
+                        raise EnvironmentUnavailable(f"{self.name}: {why}; it could not be brought back") from exc
+                    self._generation += 1
+                    self._note(f"{self.name}: {why}; the target was recreated and the session state restored")
             return target.start(request)
 
+    def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
+        return self.target.run_helper(script, timeout=timeout)
+
+    @property
+    def offers_channel(self) -> bool:
+        return callable(getattr(self.target, "open_channel", None))
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        stream: ChannelStream = self.target.open_channel(argv)  # type: ignore[attr-defined]
+        return stream
+
+    def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
+        probe = getattr(handle, "tree_alive", None)
+        return bool(probe()) if callable(probe) else None
+
     def cleanup(self) -> None:
-        if self._target is not None:
-            self._target.release()
+        with self._target_lock:
+            target, self._target, self._released = self._target, None, True
+        if target is not None:
+            target.release()

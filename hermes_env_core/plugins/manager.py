@@ -20,7 +20,7 @@ import pluggy
 
 from . import hookspecs
 from .hookspecs import ENTRY_POINT_GROUP, HOOK_PREFIX, PROJECT_NAME
-from .spec import BackendSpec
+from .spec import BackendSpec, api_refusal
 
 __all__ = ["CORE_DISTRIBUTION", "LoadedPlugin", "PluginInfo", "PluginLoadWarning", "PluginManager"]
 
@@ -180,6 +180,10 @@ class PluginManager:
                 if not isinstance(item, BackendSpec):
                     raise _BadResult(f"hermes_env_backends() returned {item!r}, not a BackendSpec")
                 specs.append(item.with_distribution(info.distribution))
+        for spec in specs:
+            refusal = api_refusal(spec, plugin=info.source, core=_core_source())
+            if refusal is not None:
+                raise _BadResult(refusal)
         return specs
 
 
@@ -201,12 +205,20 @@ def _with(info: PluginInfo, **changes: Any) -> PluginInfo:
     return replace(info, **changes)
 
 
+def _core_source() -> str:
+    try:
+        return f"{CORE_DISTRIBUTION} {importlib.metadata.version(CORE_DISTRIBUTION)}"
+    except importlib.metadata.PackageNotFoundError:
+        return CORE_DISTRIBUTION
+
+
 def _dist_name(ep: Any) -> str | None:
     dist = getattr(ep, "dist", None)
     if dist is None:
         return None
     try:
-        return dist.metadata["Name"] or dist.name
+        name = dist.metadata["Name"] or dist.name
+        return str(name) if name else None
     except Exception:
         return getattr(dist, "name", None)
 

@@ -10,7 +10,44 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["BackendSpec", "split_target"]
+__all__ = ["API_VERSION", "BackendSpec", "api_refusal", "parse_api_version", "split_target"]
+
+#: The version of the plugin API: the ``Target`` protocol, ``TargetEnvironment``,
+#: the ``hermes_env_backends`` hookspec and ``BackendSpec``. A minor version may
+#: add (optional methods and fields with defaults, capabilities); only a major
+#: version may remove or change what a plugin already uses.
+API_VERSION = "1.0"
+
+
+def parse_api_version(text: str) -> tuple[int, int]:
+    """``"1.0"`` -> ``(1, 0)``; ``ValueError`` naming the value for anything else."""
+    major, dot, minor = str(text).partition(".")
+    if not (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()):
+        raise ValueError(f"plugin API version {text!r} is not of the form MAJOR.MINOR (such as {API_VERSION!r})")
+    return int(major), int(minor)
+
+
+def api_refusal(spec: BackendSpec, *, plugin: str, core: str) -> str | None:
+    """Why ``spec`` cannot be loaded by this core (another major API version), or None.
+
+    ``plugin`` names the plugin (its distribution and version), ``core`` the
+    installed hermes-env-core (name and version).
+    """
+    theirs, ours = parse_api_version(spec.api_version)[0], parse_api_version(API_VERSION)[0]
+    if theirs == ours:
+        return None
+    dist = spec.distribution or "the plugin"
+    if theirs > ours:
+        fix = f"upgrade hermes-env-core to a release with plugin API {theirs}.x (pip install -U hermes-env-core)"
+    else:
+        fix = (
+            f"upgrade {dist} to a release built for plugin API {ours}.x (pip install -U {dist}), "
+            f"or use a hermes-env-core with plugin API {theirs}.x"
+        )
+    return (
+        f"{plugin} is built for hermes-env plugin API {spec.api_version} (backend {spec.name!r}), but {core} "
+        f"provides plugin API {API_VERSION}; a different major version is incompatible: {fix}"
+    )
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -38,7 +75,9 @@ class BackendSpec:
     ``hermes-env backends`` looks for them without importing them, so that a
     backend whose SDK is missing is listed as not loadable. ``distribution`` is
     filled in by the plugin manager from the entry point's distribution; any
-    value a plugin puts there is overwritten.
+    value a plugin puts there is overwritten. ``api_version`` is the plugin API
+    the backend was built for (leave the default: the ``API_VERSION`` of the
+    core it was built against); another major version is refused at load.
     """
 
     name: str
@@ -49,8 +88,12 @@ class BackendSpec:
     config_model: str | type[Any] | None = None
     requires: tuple[str, ...] = ()
     distribution: str | None = field(default=None, compare=False)
+    api_version: str = API_VERSION
 
     def __post_init__(self) -> None:
+        if not isinstance(self.api_version, str):
+            raise ValueError(f"api_version of backend {self.name!r} must be a string such as {API_VERSION!r}")
+        parse_api_version(self.api_version)
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
             raise ValueError(f"backend name {self.name!r} must match {_NAME_RE.pattern}")
         if isinstance(self.aliases, str):

@@ -51,7 +51,6 @@ class PollSettings:
 
 
 DEFAULT_POLL = PollSettings()
-STDIN_STUB = '__hermes_c=$(</dev/stdin); builtin eval "$__hermes_c"'
 
 def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[int, bytes]:
     """Run a helper script in the target, bypassing the session (its state is neither restored nor saved).
@@ -60,11 +59,7 @@ def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[in
     every poll would cost more than the poll, and saving it back could clobber
     what a concurrent foreground command just stored.
     """
-    if env._channel() == "stdin":
-        # The script may carry the session's state: through stdin, never on a command line.
-        handle = env._run_bash(STDIN_STUB, login=False, timeout=timeout, stdin_data=script.encode("utf-8", "surrogateescape"))
-    else:
-        handle = env._run_bash(script, login=False, timeout=timeout, stdin_data=None)
+    handle = env._start_helper(script, timeout=timeout)  # a resident channel when one is idle
     out = handle.stdout
     if out is None:
         raise BackendError(f"{env.name}: the process handle has no stdout")

@@ -200,7 +200,7 @@ def _plan(state: MappingState, tree: RemoteTree, out: _Outcome) -> _Plan:
     plan = _Plan(state, tree)
     host = state.scan()
     entries = tree.entries
-    for rel, pushed in list(state.hashes.items()):
+    for rel in list(state.hashes):
         if rel in entries and entries[rel].kind != "dir":
             continue
         if rel in tree.unsafe:

@@ -28,9 +28,11 @@ from hypothesis import strategies as st
 
 from ..environment.base import BaseEnvironment
 from ..environment.result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT
+from .guard import CAPABILITIES, check_suite_class
 from .longlived import DifferentialConformance, LongLivedConformance, PrivacyConformance
 
 __all__ = [
+    "CAPABILITIES",
     "BackgroundConformance",
     "CancelConformance",
     "CwdConformance",
@@ -70,7 +72,7 @@ def _scratch(name: str) -> str:
     return f"/tmp/hermes_t_{name}_{secrets.token_hex(6)}"
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=200)
+_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=200)
 
 
 class EnvironmentFixture:
@@ -83,6 +85,15 @@ class EnvironmentFixture:
     #: tests of this suite the backend is known to fail, name -> why; they run
     #: and are reported as expected failures, never silently skipped
     known_gaps: ClassVar[dict[str, str]] = {}
+    #: capabilities (``guard.CAPABILITIES``) this backend lacks, name -> why: their
+    #: tests then pass only if the operation raises ``UnsupportedOperation``
+    unsupported: ClassVar[dict[str, str]] = {}
+    #: suite tests this class overrides or deletes, name -> why (else the class fails to build)
+    overrides: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        check_suite_class(cls)
 
     @pytest.fixture(autouse=True)
     def _known_gap(self, request: pytest.FixtureRequest) -> None:

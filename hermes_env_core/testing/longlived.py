@@ -181,7 +181,7 @@ class LongLivedConformance(DifferentialFixture):
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         )
-        @given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=80))
+        @given(st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=80))
         def check(s: str) -> None:
             q = shlex.quote(s)
             environment.execute(f"HERMES_T_Q={q}; alias hermes_t_q={shlex.quote('echo ' + q)}; echo {q} >/dev/null")

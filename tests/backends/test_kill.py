@@ -9,6 +9,7 @@ waits for them to be gone.
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import threading
 import uuid
@@ -58,12 +59,6 @@ def _local(**kw) -> BaseEnvironment:
     return LocalEnvironment(**kw)
 
 
-@pytest.fixture
-def no_cgroup(monkeypatch):
-    """The local backend as on a machine where no cgroup can be made."""
-    monkeypatch.setattr(local_tree, "_pool", None)
-
-
 @pytest.fixture(params=["local", "local-no-cgroup", "ssh", "docker"])
 def make_env(request, tmp_path: Path) -> Iterator:
     made: list[BaseEnvironment] = []
@@ -71,16 +66,16 @@ def make_env(request, tmp_path: Path) -> Iterator:
 
     if kind == "local":
         assert local_tree.cgroup_pool() is not None, "this machine can make cgroups; the test expects one"
-    if kind == "local-no-cgroup":
-        request.getfixturevalue("no_cgroup")
     if kind == "ssh":
         server = request.getfixturevalue("sshd_server")
     if kind == "docker":
         image = request.getfixturevalue("docker_image")
 
     def make(**kw) -> BaseEnvironment:
-        if kind.startswith("local"):
+        if kind == "local":
             env = _local(**kw)
+        elif kind == "local-no-cgroup":  # as on a machine where no cgroup can be made
+            env = _local(cgroup=False, **kw)
         elif kind == "ssh":
             from hermes_env_core.backends.ssh import SSHEnvironment
 
@@ -238,3 +233,28 @@ def test_timeout_none_means_configured_default():
     with LocalEnvironment(timeout=0.5, kill_grace_s=0.2) as env:
         r = env.execute("sleep 100", timeout=None)
     assert r.timed_out and any("0.5s" in n for n in r.notes)
+
+
+def test_local_command_runs_in_its_own_cgroup_unless_turned_off():
+    own, pool = local_tree.cgroup_pool()  # this machine can make them (root, cgroup v2)
+    rel = pool[len(own):] if own != "/" else pool
+    with LocalEnvironment() as env, LocalEnvironment(cgroup=False) as plain:
+        first = env.execute("cat /proc/self/cgroup").output
+        second = env.execute("cat /proc/self/cgroup").output
+        off = plain.execute("cat /proc/self/cgroup").output
+    line = lambda text: next(x for x in text.splitlines() if x.startswith("0::"))  # noqa: E731
+    assert rel.split("/")[-1] in line(first) and rel.split("/")[-1] in line(second)
+    assert line(first) != line(second)  # one per command
+    assert rel.split("/")[-1] not in line(off)
+    # Finished commands leave no cgroup behind.
+    assert [d for d in os.listdir(pool) if os.path.isdir(os.path.join(pool, d))] == []
+
+
+def test_cgroups_left_by_a_dead_process_are_removed_and_live_ones_kept():
+    own, pool = local_tree.cgroup_pool()
+    dead_pid = 4_000_000  # above pid_max: no process has it
+    dead = os.path.join(own, f"hermes-env-{dead_pid}-{os.urandom(4).hex()}")
+    os.makedirs(os.path.join(dead, "c7"))
+    local_tree._sweep_dead_pools(own)
+    assert not os.path.exists(dead)
+    assert os.path.isdir(pool)  # ours: this process is alive

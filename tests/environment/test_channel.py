@@ -180,3 +180,49 @@ def test_usage_through_the_channel_has_the_trees_cpu(env):
     assert r.usage.max_rss_bytes is None  # bash cannot tell; the process path can
     r = env.execute("kill -9 $$")
     assert (r.exit_code, r.signal) == (137, 9)
+
+
+def test_a_target_that_offers_open_channel_gets_the_channel():
+    """A third-party backend written against ``Target`` opts in with one method."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from hermes_env_core.environment.channel import PipeStream
+    from hermes_env_core.environment.target import RunRequest, Target, TargetEnvironment
+    from hermes_env_core.backends.local import start_bash
+
+    class PipeTarget(Target):
+        def __init__(self) -> None:
+            self.dir = tempfile.mkdtemp(prefix="hermes-t-chan-")
+            self.opened = 0
+
+        def start(self, request: RunRequest):
+            return start_bash(request)
+
+        def open_channel(self, argv):
+            self.opened += 1
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return PipeStream(proc.stdin, proc.stdout, on_close=lambda: (proc.kill(), proc.wait()),
+                              exited=lambda: proc.poll() is not None)
+
+        def state_dir(self) -> str:
+            return self.dir
+
+        def recover(self, why: str) -> bool:
+            return False
+
+        def release(self) -> None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    class PipeEnvironment(TargetEnvironment):
+        name = "pipe"
+
+        def make_target(self, config):
+            return PipeTarget()
+
+    with PipeEnvironment() as e:
+        assert e.execute("x=7; cd /tmp").exit_code == 0
+        assert e.execute('echo "$x $PWD"').output == "7 /tmp\n"
+        assert e.channel_mode == "channel" and e.target.opened == 1

@@ -1,46 +1,69 @@
-"""The ``example`` backend: the local backend, started in a directory of its own.
+"""The ``example`` backend: bash on this machine, starting in a directory of its own.
 
-``root`` is where commands start; when not given, a fresh temporary directory
-is made and removed again by ``close()``.
+Written against hermes-env's public ``Target`` interface only: the target
+says how to start bash and where its private directory is; the session,
+timeouts, cancel and output are the core's.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
 from pydantic import Field
 
-from hermes_env_core.backends.local import LocalConfig, LocalEnvironment
+from hermes_env_core import EnvironmentConfig, ProcessHandle, RunRequest, Target, TargetEnvironment
+from hermes_env_core.backends.local import filter_environment, start_bash
 
 
-class ExampleConfig(LocalConfig):
-    """Options of the example backend: the local ones plus ``root``."""
+class ExampleConfig(EnvironmentConfig):
+    """Options of the example backend: the common ones plus ``root``."""
 
     root: str | None = Field(None, description="Directory commands start in (default: a new temporary one).")
 
 
-class ExampleEnvironment(LocalEnvironment):
+class ExampleTarget(Target):
+    """This machine, seen from one directory; a missing ``root`` is made here and removed by ``release``."""
+
+    def __init__(self, root: str | None, env: dict[str, str]) -> None:
+        self.own_root = root is None
+        self.root = root or tempfile.mkdtemp(prefix="hermes-env-example-")
+        self.env = env
+        self.private = tempfile.mkdtemp(prefix="hermes-env-example-state-")  # 0700, unguessable
+
+    def start(self, request: RunRequest) -> ProcessHandle:
+        # start_bash: own session and cgroup, whole-tree kill, stdin fed, long scripts through a pipe.
+        return start_bash(request, env=self.env, cwd=self.root)
+
+    def state_dir(self) -> str:
+        return self.private
+
+    def recover(self, why: str) -> bool:
+        return False  # this machine does not go away; a lost target here is a real failure
+
+    def release(self) -> None:
+        shutil.rmtree(self.private, ignore_errors=True)
+        if self.own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ExampleEnvironment(TargetEnvironment[ExampleConfig]):
     """Runs commands with bash on this machine, starting in ``root``."""
 
     name = "example"
     config_model = ExampleConfig
 
-    def __init__(self, config: ExampleConfig | None = None, **options: object) -> None:
-        if config is None:
-            config = ExampleConfig(**options)  # type: ignore[arg-type]
-        elif options:
-            config = config.model_copy(update=options)
-        self._own_root = config.root is None
-        root = config.root or tempfile.mkdtemp(prefix="hermes-env-example-")
-        update: dict[str, object] = {"root": root}
-        if config.cwd is None:
-            update["cwd"] = root
-        super().__init__(config.model_copy(update=update))
+    def make_target(self, config: ExampleConfig) -> ExampleTarget:
+        env = filter_environment(os.environ)  # secrets stay out of commands
+        env.update(config.env)
+        return ExampleTarget(config.root, env)
 
     @property
     def root(self) -> str:
-        return self.config.root  # type: ignore[attr-defined,no-any-return]
+        target = self.target
+        assert isinstance(target, ExampleTarget)
+        return target.root
 
     @classmethod
     def check_requirements(cls) -> list[str]:
@@ -48,8 +71,3 @@ class ExampleEnvironment(LocalEnvironment):
         if shutil.which("bash") is None:
             return ["bash is not on PATH: install bash (apt-get install bash)"]
         return []
-
-    def cleanup(self) -> None:
-        super().cleanup()
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)

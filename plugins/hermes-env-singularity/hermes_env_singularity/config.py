@@ -7,7 +7,6 @@ created; it needs only pydantic and the core's ``EnvironmentConfig``.
 from __future__ import annotations
 
 import posixpath
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
