@@ -216,12 +216,13 @@ class PrivacyConformance(DifferentialFixture):
         secret = "hermes-secret-" + secrets.token_hex(8)
         environment.execute(f"export HERMES_T_SECRET={secret}; HERMES_T_PLAIN={secret}x")
         started = threading.Event()
+        stop = threading.Event()
         result: list[object] = []
 
         def slow() -> None:
             result.append(
                 environment.execute(
-                    "echo running; sleep 4.37", timeout=60, on_output=lambda t: started.set() if "running" in t else None
+                    "echo running; sleep 60.37", timeout=120, cancel=stop, on_output=lambda t: started.set() if "running" in t else None
                 )
             )
 
@@ -233,8 +234,9 @@ class PrivacyConformance(DifferentialFixture):
                 "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\" 2>/dev/null; echo; done", timeout=60
             ).output
         finally:
+            stop.set()
             t.join(60)
-        assert "sleep 4.37" in dump  # the dump did see the running command
+        assert "sleep 60.37" in dump  # the dump did see the running command
         assert secret not in dump
 
     def test_child_cannot_forge_a_frame(self, environment: BaseEnvironment) -> None:

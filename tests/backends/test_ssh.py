@@ -503,9 +503,10 @@ def test_other_user_on_the_host_sees_no_secret_on_any_command_line(sshd_server, 
     with _make(sshd_server, tmp_path, env={"HERMES_T_CFG": secret}) as env:
         env.execute(f"export HERMES_T_EXP={secret}-exported; HERMES_T_PLAIN={secret}-plain")
         started = threading.Event()
+        stop = threading.Event()
         t = threading.Thread(
             target=lambda: env.execute(
-                "echo running; sleep 3.37", on_output=lambda s: started.set() if "running" in s else None
+                "echo running; sleep 60.37", cancel=stop, on_output=lambda s: started.set() if "running" in s else None
             )
         )
         t.start()
@@ -513,8 +514,9 @@ def test_other_user_on_the_host_sees_no_secret_on_any_command_line(sshd_server, 
             assert started.wait(30)
             dump = _as_other_user('for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done').stdout
         finally:
+            stop.set()
             t.join(60)
-        assert "sleep 3.37" in dump  # it saw the session's running command
+        assert "sleep 60.37" in dump  # it saw the session's running command
         assert secret not in dump
 
 
