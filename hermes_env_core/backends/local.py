@@ -184,7 +184,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
                 max_rss_bytes=measured if measured is not None else peak if peak > self.spawner_peak else None,
-                oom_killed=None,
+                oom_killed=_oom_killed(self.memory),
             )
             self.returncode = os.waitstatus_to_exitcode(status)
 
@@ -384,6 +384,11 @@ def start_bash(
     if request.stdin is not None:
         feed_stdin(proc.stdin, request.stdin)
     return proc
+
+
+def _oom_killed(memory: MemoryCgroup | None) -> bool | None:
+    kills = memory.oom_kills() if memory is not None else None
+    return None if kills is None else kills > 0
 
 
 def _new_cgroup() -> CommandCgroup | None:

@@ -104,7 +104,7 @@ def test_unknown_option_and_bad_values_rejected(tmp_path):
         DockerConfig(image="x", no_such_option=1)
     with pytest.raises(ValidationError, match="unknown capability 'FLY'"):
         DockerConfig(image="x", cap_add=("FLY",))
-    with pytest.raises(ValidationError, match="not a size"):
+    with pytest.raises(ValidationError, match="not a memory size"):
         DockerConfig(image="x", memory="lots")
     with pytest.raises(ValidationError, match="existing absolute host directory"):
         DockerConfig(image="x", workspace="bind", workspace_source=str(tmp_path / "missing"))
