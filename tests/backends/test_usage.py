@@ -36,6 +36,14 @@ def test_local_usage_covers_the_commands_tree(local: LocalEnvironment) -> None:
     assert u.cpu_user_s + u.cpu_system_s >= 0.6
     assert u.max_rss_bytes is not None and u.max_rss_bytes >= ALLOC_MB * 1024 * 1024
     assert r.end_reason is EndReason.EXITED and r.signal is None
+    from hermes_env_core.backends._local_memory import MemoryCgroup
+
+    probe = MemoryCgroup.make()
+    if probe is not None:  # its memory cgroup counts OOM kills: none here
+        probe.release()
+        assert u.oom_killed is False
+    else:
+        assert u.oom_killed is None
 
 
 def test_local_usage_is_per_command(local: LocalEnvironment) -> None:
