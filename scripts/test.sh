@@ -55,6 +55,9 @@ run_suite() {  # name, then pytest arguments
 
 step "lint: ruff check (configuration in pyproject.toml)"
 "$PY" -m ruff check hermes_env_core plugins || { echo "test.sh: ruff check failed"; status=1; }
+# The third-party example and the plugin template are typed through public names only.
+"$PY" -m mypy --strict --follow-imports=silent examples/hermes-env-example/hermes_env_example examples/template \
+    || { echo "test.sh: mypy --strict on the example or the template failed"; status=1; }
 
 step "each backend's own logic lines (scripts/logic-lines.py)"
 "$PY" scripts/logic-lines.py || status=1

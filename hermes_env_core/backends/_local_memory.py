@@ -79,6 +79,18 @@ class MemoryCgroup:
         except (OSError, ValueError):
             return None
 
+    def oom_kills(self) -> int | None:
+        """How many of its processes the OOM killer ended (v1 ``memory.oom_control``)."""
+        try:
+            with open(os.path.join(self.path, "memory.oom_control"), encoding="ascii") as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
     def release(self) -> None:
         """Remove it; processes still in it (left behind in the background) go back to its parent."""
         parent_procs = os.path.join(os.path.dirname(self.path), "cgroup.procs")

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import IO
 from urllib.parse import urlsplit
@@ -184,7 +185,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
                 cpu_user_s=ru.ru_utime,
                 cpu_system_s=ru.ru_stime,
                 max_rss_bytes=measured if measured is not None else peak if peak > self.spawner_peak else None,
-                oom_killed=None,
+                oom_killed=_oom_killed(self.memory),
             )
             self.returncode = os.waitstatus_to_exitcode(status)
 
@@ -256,6 +257,8 @@ class LocalEnvironment(BaseEnvironment):
         env.update(cfg.env)
         self._env = env
         self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
+        # An environment never closed still leaves nothing behind when it is collected or at exit.
+        self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
 
     def _state_dir(self) -> str:
         return self._dir
@@ -303,7 +306,7 @@ class LocalEnvironment(BaseEnvironment):
         return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
 
     def cleanup(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir_finalizer()
 
 
 def start_bash(
@@ -384,6 +387,11 @@ def start_bash(
     if request.stdin is not None:
         feed_stdin(proc.stdin, request.stdin)
     return proc
+
+
+def _oom_killed(memory: MemoryCgroup | None) -> bool | None:
+    kills = memory.oom_kills() if memory is not None else None
+    return None if kills is None else kills > 0
 
 
 def _new_cgroup() -> CommandCgroup | None:

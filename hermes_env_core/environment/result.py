@@ -46,7 +46,8 @@ class EndReason(str, enum.Enum):
     TIMED_OUT = "timed_out"  # hermes-env stopped it at its timeout
     CANCELLED = "cancelled"  # hermes-env stopped it on cancel
     OOM_KILLED = "oom_killed"  # the kernel's OOM killer ended it
-    TARGET_LOST = "target_lost"  # its container, sandbox or connection went away under it
+    # A target lost under a command (container removed, connection dropped) is
+    # no ending of the command's own: execute() raises BackendError instead.
 
     def __str__(self) -> str:
         return self.value

@@ -132,6 +132,9 @@ class SessionState:
     jobs: int = 0
     fds: tuple[int, ...] = ()
     dir_recreated: bool = False
+    #: CPU seconds (user, system) of the command's shell and every process it waited for,
+    #: from bash's ``times``; None when they were not read in the shell itself
+    cpu_times: tuple[float, float] | None = None
 
     @property
     def exported(self) -> dict[str, str]:
@@ -279,7 +282,32 @@ def parse_state_dump(
         jobs=len(sec["jobs"].split()),
         fds=fds,
         dir_recreated=len(left) > 1 and left[1] == "recreated",
+        cpu_times=_parse_times(sec["times"]),
     )
+
+
+_TIME_RE = re.compile(r"(\d+)m([\d.]+)s")
+
+
+def _parse_times(text: str) -> tuple[float, float] | None:
+    """``$$ $BASHPID`` and bash's ``times`` (own user/system, then its children's) -> (user, system).
+
+    Read in a subshell (``$BASHPID`` differs), the figures are the subshell's: None.
+    """
+    lines = text.splitlines()
+    if len(lines) < 3:
+        return None
+    pids = lines[0].split()
+    if len(pids) != 2 or pids[0] != pids[1]:
+        return None
+    try:
+        own = [int(m) * 60 + float(s) for m, s in _TIME_RE.findall(lines[1])]
+        kids = [int(m) * 60 + float(s) for m, s in _TIME_RE.findall(lines[2])]
+    except ValueError:
+        return None
+    if len(own) != 2 or len(kids) != 2:
+        return None
+    return own[0] + kids[0], own[1] + kids[1]
 
 
 @dataclass(frozen=True)
@@ -452,7 +480,7 @@ class ShellSession:
             not snapshot and state is not None
             and ("xtrace" in state.shellopts or _XTRACE_RE.search(command) is not None)
         )
-        parts = ["builtin unset -v __hermes_c BASH_EXECUTION_STRING 2>/dev/null"]
+        parts = ["builtin unset -v __hermes_c __hermes_u __hermes_n BASH_EXECUTION_STRING 2>/dev/null"]
         if private_path:
             parts.append(f"builtin : >|{shlex.quote(private_path)}")
         parts.append(f"exec {OUT_FD}>&1 2>&1")

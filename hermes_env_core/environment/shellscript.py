@@ -31,7 +31,7 @@ __all__ = [
 OUT_FD = 63
 
 # The state sections the save writes, in order; the parser reads them back.
-SECTIONS = ("vars", "funcs", "aliases", "opts", "full", "traps", "soft", "hard", "hash", "jobs", "left")
+SECTIONS = ("vars", "funcs", "aliases", "opts", "full", "traps", "soft", "hard", "hash", "jobs", "times", "left")
 
 
 def stub(channel: str, path: str | None = None) -> str:
@@ -76,12 +76,19 @@ def script_stub(private_dir: str, *, login: bool, from_file: str | None = None, 
         f = shlex.quote(from_file)
         read = f"__hermes_c=$(<{f}) && builtin : >|{f} && "
         redirect = ' < <(builtin printf \'%s\' "$__hermes_c")'
+    # No ln in the target (a minimal image): the same script, evaluated here
+    # (xtrace then shows one more "+", messages count lines from the prelude).
+    fallback = (
+        'IFS= builtin read -r __hermes_n && LC_ALL=C IFS= builtin read -r -N "$__hermes_n" __hermes_c && '
+        '__hermes_u=$(</dev/stdin) && builtin eval "$__hermes_c"$\'\\n\'"$__hermes_u"'
+    )
     return (
         f"[ -e {q} ] || (builtin umask 077; command mkdir -m 700 -- {q}) 2>/dev/null; "
-        f"if {read}[ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] && builtin cd -P -- {q} && builtin umask 077 && "
-        f"builtin printf '%s' {shlex.quote(LOADER)} >|env && "
-        f"{{ [ -L bash ] || command ln -s /dev/stdin bash; }}; then "
+        f"if {read}[ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] && builtin cd -P -- {q}; then "
+        f"if builtin umask 077 && builtin printf '%s' {shlex.quote(LOADER)} >|env && "
+        f"{{ [ -L bash ] || command ln -s /dev/stdin bash; }} 2>/dev/null; then "
         f"SHLVL=$((SHLVL - 1)) BASH_ENV={q}/env builtin exec bash{' -l' if login else ''} bash{redirect}; fi; "
+        f"{{ {fallback}; }}{redirect}; builtin exit; fi; "
         f"builtin printf 'hermes-env: private state directory %s is not usable\\n' {q} >&2; builtin exit 125"
     )
 
@@ -160,6 +167,7 @@ builtin ulimit -S -a; builtin printf '%%s\n' "$__hermes_sep"
 builtin ulimit -H -a; builtin printf '%%s\n' "$__hermes_sep"
 builtin hash -l 2>/dev/null; builtin printf '%%s\n' "$__hermes_sep"
 builtin jobs -p; builtin printf '%%s\n' "$__hermes_sep"
+builtin printf '%%s %%s\n' "$$" "$BASHPID"; builtin times; builtin printf '%%s\n' "$__hermes_sep"
 }
 if [ ! -e "$__hermes_d" ] && [ ! -L "$__hermes_d" ]; then
   (builtin umask 077; command mkdir -m 700 -- "$__hermes_d") 2>/dev/null && __hermes_new=recreated

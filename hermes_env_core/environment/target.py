@@ -263,7 +263,8 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
         return callable(getattr(self.target, "open_channel", None))
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
-        return self.target.open_channel(argv)  # type: ignore[attr-defined]
+        stream: ChannelStream = self.target.open_channel(argv)  # type: ignore[attr-defined]
+        return stream
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)

@@ -48,3 +48,4 @@ def hermes_env_backends() -> Iterable[BackendSpec]:
     read configuration. It runs every time anyone lists backends, including
     ``hermes-env backends`` on a machine where the SDK is not installed.
     """
+    return ()  # a hookspec's body never runs; implementations supply the records

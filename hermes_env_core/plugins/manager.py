@@ -217,7 +217,8 @@ def _dist_name(ep: Any) -> str | None:
     if dist is None:
         return None
     try:
-        return dist.metadata["Name"] or dist.name
+        name = dist.metadata["Name"] or dist.name
+        return str(name) if name else None
     except Exception:
         return getattr(dist, "name", None)
 

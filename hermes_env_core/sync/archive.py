@@ -231,7 +231,7 @@ class StreamReader(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             parts = []
             for chunk in iter(lambda: self.read(_CHUNK), b""):

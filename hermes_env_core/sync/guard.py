@@ -9,6 +9,7 @@ import getpass
 import hashlib
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -79,7 +80,7 @@ class TreeLock:
         self.release()
 
 
-if os.name == "nt":  # pragma: no cover - exercised on Windows only
+if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
     import msvcrt
 
     def _try_lock(fd: int) -> bool:

@@ -100,7 +100,7 @@ class _ChannelStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         if self._done:
             return b""
         try:

@@ -205,7 +205,7 @@ class _Prefixed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         if self._head:
             if n is None or n < 0:
                 data, self._head = self._head + self._rest.read(), b""
@@ -240,7 +240,7 @@ class _ProcStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int = -1) -> bytes:
         assert self._proc.stdout is not None
         data = self._proc.stdout.read() if n is None or n < 0 else self._proc.stdout.read1(n)  # type: ignore[attr-defined]
         if not data and not self._done:

@@ -72,7 +72,7 @@ def _scratch(name: str) -> str:
     return f"/tmp/hermes_t_{name}_{secrets.token_hex(6)}"
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=200)
+_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=200)
 
 
 class EnvironmentFixture:

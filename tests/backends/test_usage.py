@@ -36,6 +36,14 @@ def test_local_usage_covers_the_commands_tree(local: LocalEnvironment) -> None:
     assert u.cpu_user_s + u.cpu_system_s >= 0.6
     assert u.max_rss_bytes is not None and u.max_rss_bytes >= ALLOC_MB * 1024 * 1024
     assert r.end_reason is EndReason.EXITED and r.signal is None
+    from hermes_env_core.backends._local_memory import MemoryCgroup
+
+    probe = MemoryCgroup.make()
+    if probe is not None:  # its memory cgroup counts OOM kills: none here
+        probe.release()
+        assert u.oom_killed is False
+    else:
+        assert u.oom_killed is None
 
 
 def test_local_usage_is_per_command(local: LocalEnvironment) -> None:
@@ -182,3 +190,60 @@ def test_peak_memory_is_the_commands_own_even_from_a_large_caller(tmp_path: obje
     else:
         assert small is not None and small < 100 << 20
         assert big is not None and 150 << 20 <= big < 500 << 20
+
+
+BUSY = "for ((i = 0; i < 300000; i++)); do :; done; echo spun"  # CPU spent in the command's own shell
+
+
+@pytest.fixture(scope="module")
+def busy_cpu() -> float:
+    """The loop's CPU time as the kernel counts it here (wait4 of a local bash)."""
+    with LocalEnvironment(timeout=120, channel=False) as env:
+        u = env.execute(BUSY).usage
+    assert u.cpu_user_s is not None and u.cpu_system_s is not None
+    return u.cpu_user_s + u.cpu_system_s
+
+
+@pytest.fixture(params=["docker", "ssh", "local-channel"])
+def remote(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[object]:
+    if request.param == "docker":
+        from tests.processes.bgsupport import docker_env
+
+        with docker_env() as env:
+            yield env
+    elif request.param == "ssh":
+        from tests.processes.bgsupport import ssh_env
+
+        with ssh_env(request.getfixturevalue("sshd_server"), tmp_path) as env:
+            yield env
+    else:
+        with LocalEnvironment(timeout=60, channel=True) as env:
+            yield env
+
+
+def test_cpu_time_from_the_commands_own_bash(remote: object, busy_cpu: float) -> None:
+    # The same bash binary runs the same loop (the test image is built from this host's files).
+    r = remote.execute(BUSY)  # type: ignore[attr-defined]
+    assert r.output == "spun\n"
+    u = r.usage
+    assert u.cpu_user_s is not None and u.cpu_system_s is not None
+    assert 0.5 * busy_cpu <= u.cpu_user_s + u.cpu_system_s <= r.duration_s + 0.1
+    r = remote.execute(f"( {BUSY} ) & wait")  # a child it waited for counts too  # type: ignore[attr-defined]
+    assert r.usage.cpu_user_s is not None and r.usage.cpu_user_s + (r.usage.cpu_system_s or 0) >= 0.5 * busy_cpu
+    r = remote.execute("true")  # type: ignore[attr-defined]
+    assert r.usage.cpu_user_s is not None and r.usage.cpu_user_s + (r.usage.cpu_system_s or 0) < 0.25 * busy_cpu + 0.05
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7 7\n0m0.010s 0m0.020s\n1m2.500s 0m0.250s\n", (62.51, 0.27)),
+        ("7 8\n0m0.010s 0m0.020s\n0m2.500s 0m0.250s\n", None),  # read in a subshell
+        ("7 7\n", None),
+    ],
+)
+def test_times_parsing(text: str, expected: tuple[float, float] | None) -> None:
+    from hermes_env_core.environment.session import _parse_times
+
+    got = _parse_times(text)
+    assert got == expected if expected is None else got == pytest.approx(expected)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shlex
 import socket
 import threading
@@ -19,9 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hermes_env_core.config import memory_bytes
-from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.handles import ProcessHandle
-from hermes_env_core.environment.session import KILL_TREE_FN, WrappedCommand
+from hermes_env_core.environment.session import KILL_TREE_FN
+from hermes_env_core.environment.target import RunRequest, TargetEnvironment
 from hermes_env_core.errors import BackendError, EnvironmentUnavailable, HermesEnvError
 from hermes_env_core.sync import CommandFailedError, CommandTransport, SyncEngine
 
@@ -33,9 +34,14 @@ RBAC = "pods: create, get, list, delete; pods/exec: get, create; events: list"
 _LINGER_S = 0.5  # after bash reported, how long a background child may hold the stream
 # The script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read from
 # the exec's stdin by length, then the command's stdin follows (bounded too on v4, which cannot half-close).
-# A new bash runs it as its script file: commands at top level, as with `bash -c`.
+# Then a new `bash -c` runs it (a script past the argv limit: as its script file). The exported
+# nonce marks every process of the command, even one that left the tree (setsid, re-parented).
 _PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); [[ $2 == - ]] || exec < <(head -c "$2")\n'
-            'exec bash $3 <(builtin printf %s "${__hermes_src%x}")')
+            'export __hermes_exec=$3; (( ${#__hermes_src} < 60000 )) && exec bash $4 -c "${__hermes_src%x}" bash\n'
+            'exec bash $4 <(builtin printf %s "${__hermes_src%x}")')
+_FIND = ('m=__hermes_exec={0}; for p in /proc/[0-9]*; do mapfile -d "" -t e <"$p/environ" || continue; '
+         '[[ " ${{e[*]}} " == *" $m "* ]] && __hermes_kill_tree {1} "${{p#/proc/}}"; done 2>/dev/null; true')
+
 _reaped: set[str] = set()
 
 
@@ -65,25 +71,50 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _wait_io(ws: Any, write: bool, timeout: float | None) -> bool:
+    """Wait, without holding the lock, until the socket is ready (TLS: read and write never overlap)."""
+    sock = ws.sock.sock
+    if not write and getattr(sock, "pending", lambda: 0)():
+        return True
+    r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], timeout)
+    return bool(r or w)
+
+
+def _recv(ws: Any, lock: threading.Lock, keepalive: float) -> tuple[int, Any]:
+    """The next websocket frame; a ping after ``keepalive`` seconds of quiet."""
+    while not _wait_io(ws, False, keepalive):
+        with lock:
+            ws.sock.ping()
+    with lock:
+        return ws.sock.recv_data_frame(True)  # type: ignore[no-any-return]
+
+
+def _send(ws: Any, lock: threading.Lock, channel: int, data: bytes) -> None:
+    for i in range(0, max(len(data), 1), 16384):
+        _wait_io(ws, True, None)
+        with lock:
+            ws.write_channel(channel, data[i:i + 16384])
+
+
 class _Exec:
     """One exec websocket as a process: channels 1 and 2 into a pipe, the exit code from channel 3."""
 
     def __init__(self, ws: Any, stdin: bytes | None, keepalive: float, v5: bool, merge: bool = True) -> None:
         r, self._w = os.pipe()
         self.stdout = os.fdopen(r, "rb", buffering=0)
-        self.ws, self.returncode, self.error, self.killer = ws, None, None, None
+        self.ws, self.returncode, self.error, self.killer, self.killed = ws, None, None, None, False
         self.stderr, self._merge, self._code = b"", merge, 0
         self._done, self._send = threading.Event(), threading.Lock()
-        ws.sock.settimeout(keepalive)
+        self._keepalive = keepalive
+        ws.sock.settimeout(None)
         threading.Thread(target=self._pump, daemon=True).start()
         if stdin is not None:
             threading.Thread(target=self._feed, args=(stdin, v5), daemon=True).start()
 
     def _feed(self, data: bytes, v5: bool) -> None:
         try:
-            for i in range(0, len(data), 1 << 16):
-                with self._send:
-                    self.ws.write_channel(0, data[i:i + (1 << 16)])
+            if data:
+                _send(self.ws, self._send, 0, data)
             if v5:
                 with self._send:
                     self.ws.close_channel(0)
@@ -91,16 +122,11 @@ class _Exec:
             pass
 
     def _pump(self) -> None:
-        from websocket import ABNF, WebSocketTimeoutException
+        from websocket import ABNF
 
         try:
             while True:
-                try:
-                    op, frame = self.ws.sock.recv_data_frame(True)
-                except WebSocketTimeoutException:
-                    with self._send:
-                        self.ws.sock.ping()  # keepalive on a quiet stream
-                    continue
+                op, frame = _recv(self.ws, self._send, self._keepalive)
                 if op == ABNF.OPCODE_CLOSE:
                     break
                 data = frame.data if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) else b""
@@ -132,15 +158,17 @@ class _Exec:
             # bash has reported (the base waits only then); a background child holds the stream.
             self.returncode = self._code
             self.ws.close()
-        if self.error is not None and self.returncode is None:
+        if self.error is not None and self.returncode is None and not self.killed:
             raise BackendError(f"kubernetes: lost the exec stream: {self.error!r}") from self.error
         self.returncode = self._code
         return self._code
 
     def terminate(self) -> None:
+        self.killed = True  # the stream may break as the tree dies: no transport error then
         self.killer(True) if self.killer else None
 
     def kill(self) -> None:
+        self.killed = True
         self.killer(False) if self.killer else self.ws.close()
 
 
@@ -148,20 +176,15 @@ class _Channel:
     """One exec websocket as the core's resident channel: stdin in, channel 1 out, the rest dropped."""
 
     def __init__(self, ws: Any, keepalive: float) -> None:
-        self.ws, self._buf, self._lock = ws, b"", threading.Lock()
-        ws.sock.settimeout(keepalive)
+        self.ws, self._buf, self._lock, self._keepalive = ws, b"", threading.Lock(), keepalive
+        ws.sock.settimeout(None)
 
     def read(self, n: int) -> bytes:
-        from websocket import ABNF, WebSocketTimeoutException
+        from websocket import ABNF
 
         try:
             while not self._buf:
-                try:
-                    op, frame = self.ws.sock.recv_data_frame(True)
-                except WebSocketTimeoutException:
-                    with self._lock:
-                        self.ws.sock.ping()
-                    continue
+                op, frame = _recv(self.ws, self._lock, self._keepalive)
                 if op == ABNF.OPCODE_CLOSE or (op == ABNF.OPCODE_BINARY and frame.data[:1] == b"\x03"):
                     return b""
                 if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data[:1] == b"\x01":
@@ -173,8 +196,7 @@ class _Channel:
 
     def write(self, data: bytes) -> None:
         try:
-            with self._lock:
-                self.ws.write_channel(0, data)
+            _send(self.ws, self._lock, 0, data)
         except Exception as exc:
             raise OSError(f"kubernetes: the channel's exec stream is broken: {exc}") from exc
 
@@ -182,16 +204,11 @@ class _Channel:
         self.ws.close()
 
 
-class KubernetesEnvironment(BaseEnvironment):
-    """Runs commands in a pod (or an agent-sandbox claim) made for this environment."""
+class PodTarget:
+    """The ``Target``: a pod (or an agent-sandbox claim's pod) reached through the exec API."""
 
-    name = "kubernetes"
-    records_pid = True
-    config_model = KubernetesConfig
-
-    def __init__(self, config: KubernetesConfig | None = None, **options: Any) -> None:
-        super().__init__(config, **options)
-        self.config: KubernetesConfig
+    def __init__(self, config: KubernetesConfig, task_id: str, note: Any, on_recreate: Any) -> None:
+        self.config, self.task_id, self._note, self._on_recreate = config, task_id, note, on_recreate
         self._k8s = k8s = _k8s()
         cfg, conf = self.config, k8s.client.Configuration()
         path = cfg.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
@@ -217,10 +234,6 @@ class KubernetesEnvironment(BaseEnvironment):
         self.pod_name: str | None = None
         self.claim_name: str | None = None
         self._v5: bool | None = None  # learnt from the first exec
-        self._sync = None
-        if cfg.sync:
-            transport = CommandTransport(self._sync_run)
-            self._sync = SyncEngine(transport, [s.mapping() for s in cfg.sync], interval=cfg.sync_interval_s)
 
     # -- errors ------------------------------------------------------------------------------
     def _error(self, exc: Exception, doing: str) -> EnvironmentUnavailable:
@@ -383,12 +396,13 @@ class KubernetesEnvironment(BaseEnvironment):
         return pod.status.phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
 
     # -- exec ----------------------------------------------------------------------------------
-    def _start(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True,
-               resync: bool = False) -> _Exec:
+    def exec(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True,
+             command: bool = False) -> _Exec:
         data = script.encode("utf-8", "surrogateescape")
+        nonce = secrets.token_hex(8)
         for attempt in range(2):
             pod = self._pod()
-            argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b""))]
+            argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b"")), nonce]
             argv += ["-l"] if login else []
             feed = data + (stdin or b"")
             try:
@@ -404,16 +418,16 @@ class KubernetesEnvironment(BaseEnvironment):
                         self._release()
                 self._note(f"environment recreated: pod {pod} was gone; a new pod was started and the shell state "
                            "restored (files written before are lost)")
-                if self._sync is not None:
-                    self._sync.reset()  # the new pod gets every file again
-                    if resync:
-                        self._sync.push(force=True)
+                self._on_recreate(command)
                 continue
             self._v5 = ws.subprotocol == "v5.channel.k8s.io"
-            return _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
+            handle = _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
+            if command:
+                handle.killer = lambda graceful: self._kill(nonce, graceful)
+            return handle
         raise AssertionError("unreachable")
 
-    def _open_channel(self, argv: Sequence[str]) -> _Channel:
+    def open_channel(self, argv: Sequence[str]) -> _Channel:
         """The core's resident channel (when the core offers one): a long-lived exec with stdin."""
         try:
             pod = self._pod()
@@ -425,27 +439,87 @@ class KubernetesEnvironment(BaseEnvironment):
             raise self._error(exc, "open a channel") from exc
         return _Channel(ws, self.config.keepalive_s)
 
-    def _run_bash(self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None) -> ProcessHandle:
-        return self._start(script, stdin_data, login=login, resync=True)
-
-    def _helper(self, script: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
-        h = self._start(script, stdin, merge=False)
+    def helper(self, script: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
+        """Run ``script`` outside the session: (exit code, stdout, stderr)."""
+        h = self.exec(script, stdin, merge=False)
         out = h.stdout.read()
         h._done.wait(30)
         return h.wait(5), out, h.stderr
 
-    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
-        sig = "TERM" if graceful else "KILL"
-        script = (f'{KILL_TREE_FN}read -r p n <{shlex.quote(wrapped.pidfile)}; [ "$n" = {shlex.quote(wrapped.pid_token)} ]'
-                  f' && __hermes_kill_tree {sig} "$p"')
+    def _kill(self, nonce: str, graceful: bool) -> None:
+        """Signal every process of the command in the pod, found by the nonce in its environment."""
         try:
-            self._helper(script)
+            self.helper(KILL_TREE_FN + _FIND.format(nonce, "TERM" if graceful else "KILL"))
         except HermesEnvError:
             pass  # the pod is gone, and the command with it
 
+    # -- the Target protocol ------------------------------------------------------------
+    def start(self, request: RunRequest) -> ProcessHandle:
+        return self.exec(request.script, request.stdin, login=request.login, command=True)
+
+    def run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
+        code, out, err = self.helper(script)
+        return code, out + err
+
+    def state_dir(self) -> str:
+        return "/tmp"
+
+    def recover(self, why: str) -> bool:
+        with self._lock:
+            self._release()  # the next command starts a new pod
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._release()
+
+
+class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
+    """Runs commands in a pod (or an agent-sandbox claim) made for this environment."""
+
+    name = "kubernetes"
+    config_model = KubernetesConfig
+
+    def __init__(self, config: KubernetesConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self._sync: SyncEngine | None = None
+        if self.config.sync:
+            mappings = [s.mapping() for s in self.config.sync]
+            self._sync = SyncEngine(CommandTransport(self._sync_run), mappings, interval=self.config.sync_interval_s)
+        self.target  # noqa: B018 - loads the cluster configuration now; the pod comes with the first command
+
+    def make_target(self, config: KubernetesConfig) -> PodTarget:
+        return PodTarget(config, self.task_id, self._note, self._recreated)
+
+    @property
+    def pod(self) -> PodTarget:
+        return self.target  # type: ignore[return-value]
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.namespace
+
+    @property
+    def pod_name(self) -> str | None:
+        return self.pod.pod_name
+
+    @property
+    def claim_name(self) -> str | None:
+        return self.pod.claim_name
+
+    def _open_channel(self, argv: Sequence[str]) -> _Channel:
+        """The core's resident channel: one long-lived exec with stdin."""
+        return self.pod.open_channel(argv)
+
+    def _recreated(self, command: bool) -> None:
+        if self._sync is not None:
+            self._sync.reset()  # the new pod gets every file again, before the command
+            if command:
+                self._sync.push(force=True)
+
     # -- files ---------------------------------------------------------------------------------
     def _sync_run(self, script: str, stdin: Any) -> bytes:
-        code, out, err = self._helper(script, stdin if isinstance(stdin, bytes) else (stdin or b""))
+        code, out, err = self.pod.helper(script, stdin if isinstance(stdin, bytes) else (stdin or b""))
         if code != 0:
             raise CommandFailedError(script, code, err)
         return out
@@ -467,5 +541,4 @@ class KubernetesEnvironment(BaseEnvironment):
             if self.config.pull_on_close:
                 self.pull_files()
         finally:
-            with self._lock:
-                self._release()
+            super().cleanup()

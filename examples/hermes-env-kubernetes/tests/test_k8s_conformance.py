@@ -18,12 +18,6 @@ HAS_CHANNEL = "channel" in EnvironmentConfig.model_fields
 
 class TestKubernetesConformance(EnvironmentConformance):
     hypothesis_examples = 15
-    # The kill path signals bash's tree from bash's pid; a child that outlives
-    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
-    known_gaps = {
-        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
-        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
-    }
 
     @pytest.fixture
     def environment(self, make_env: Any) -> Any:
@@ -37,12 +31,6 @@ class TestKubernetesConformanceV4(EnvironmentConformance):
     """A server without v5: stdin cannot be half-closed, so it is bounded by length instead."""
 
     hypothesis_examples = 10
-    # The kill path signals bash's tree from bash's pid; a child that outlives
-    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
-    known_gaps = {
-        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
-        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
-    }
 
     @pytest.fixture
     def environment(self, emu: Any, make_env: Any) -> Any:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from hermes_env_core import create_environment
+from hermes_env_core import BaseEnvironment, create_environment
 from hermes_env_core.testing import EnvironmentConformance
 
 
 class Test__CLASS__Conformance(EnvironmentConformance):
     # What the backend cannot do, with why: those tests must then raise UnsupportedOperation.
-    unsupported: dict[str, str] = {}
+    unsupported = {}  # such as {"large_stdin": "the API limits a request to 64 kB"}
     # Suite tests this class overrides, with why (an override without one fails the class).
-    overrides: dict[str, str] = {}
+    overrides = {}
 
     @pytest.fixture
-    def environment(self):
+    def environment(self) -> Iterator[BaseEnvironment]:
         with create_environment("__NAME__") as env:
             yield env

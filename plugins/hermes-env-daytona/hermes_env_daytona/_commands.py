@@ -6,7 +6,10 @@ import re
 import secrets
 import shlex
 
-__all__ = ["ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_line", "nonce_of", "session_line"]
+__all__ = [
+    "ARG_LIMIT", "bash_line", "exports", "file_script", "file_session_line", "nonce_of", "session_line",
+    "stub_session_line", "trailer_line",
+]
 
 #: Above this size a script goes up as a file: one argv string is capped at 128 KiB, and a
 #: request body of megabytes is not what the daemon's command routes are made for.
@@ -42,7 +45,12 @@ def exports(env: dict[str, str] | None) -> str:
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + "; "
 
 
-def session_line(script: str, *, login: bool) -> str:
+def trailer_line(token: str) -> str:
+    """What the session command prints after bash has exited (see ``session_line``)."""
+    return f"\x1ehermes-end:{token}\n"
+
+
+def session_line(script: str, *, login: bool, token: str) -> str:
     """The command a daemon session runs: bash reading ``script`` from a here-document on fd 3.
 
     A session is one shell (zsh, bash or sh) reading its command lines from
@@ -52,7 +60,10 @@ def session_line(script: str, *, login: bool) -> str:
     sandbox could read it in ``/proc/<pid>/cmdline`` (it carries the session's
     variables and ``env``). The daemon wraps the command as ``{ CMD; } > log``
     (session/execute.go), so the line after the delimiter keeps bash's status
-    and lets the wrapper's ``; }`` follow.
+    and lets the wrapper's ``; }`` follow. Before that it prints
+    ``trailer_line(token)`` (a builtin: the token is on no command line), which
+    tells that the output is complete even when bash ended without its own
+    end record (a helper script, a SIGKILL).
     """
     body = f"exec 3<&-; {script}"
     lines = set(body.split("\n"))
@@ -60,12 +71,29 @@ def session_line(script: str, *, login: bool) -> str:
     while delim in lines:
         delim = f"HERMES_{secrets.token_hex(8)}"
     head = f"bash{' -l' if login else ''} /dev/fd/3 3<<'{delim}' </dev/null 2>&1"
-    return f"{head}\n{body}\n{delim}\n(exit $?)"
+    tail = f"__hermes_rc=$?; printf '\\036hermes-end:%s\\n' {token}; (exit $__hermes_rc)"
+    return f"{head}\n{body}\n{delim}\n{tail}"
 
 
-def file_session_line(path: str, *, login: bool) -> str:
+def stub_session_line(stub: str, *, login: bool, token: str) -> str:
+    """The session command for the core's constant stub (its private script is in a file).
+
+    The stub holds no state, nonce or value, so it may be an argument: bash
+    gets it with ``-c`` and ``$0 = bash``, which is what bash's own messages
+    are named after (``bash: line 1: ...``), as with one long-lived bash.
+    """
+    return (
+        f"bash{' -l' if login else ''} -c {shlex.quote(stub)} bash </dev/null 2>&1; "
+        f"__hermes_rc=$?; printf '\\036hermes-end:%s\\n' {token}; (exit $__hermes_rc)"
+    )
+
+
+def file_session_line(path: str, *, login: bool, token: str) -> str:
     """The session command for a script uploaded as a file (see ``file_script``)."""
-    return f"bash{' -l' if login else ''} {shlex.quote(path)} </dev/null 2>&1"
+    return (
+        f"bash{' -l' if login else ''} {shlex.quote(path)} </dev/null 2>&1; "
+        f"__hermes_rc=$?; printf '\\036hermes-end:%s\\n' {token}; (exit $__hermes_rc)"
+    )
 
 
 def file_script(script: str) -> bytes:

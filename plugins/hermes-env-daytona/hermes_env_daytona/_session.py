@@ -84,9 +84,10 @@ class SessionPool:
 class CommandFollower:
     """Waits for a started command's exit status and output, writing the output as it comes.
 
-    ``end`` is the session wrapper's end-of-frame line: the output is whole
-    when it has arrived, and nothing after it (a background child's late
-    output) is passed on. ``live``: stream output while the command runs (the
+    ``end`` is the session wrapper's end-of-frame line (None for a helper
+    script), ``trailer`` the line the session command prints after bash has
+    exited: the output is whole when either has arrived, and nothing after it
+    (a background child's late output) is passed on. ``live``: stream output while the command runs (the
     logs are asked for on every poll), else only once it has ended.
     """
 
@@ -96,6 +97,7 @@ class CommandFollower:
         started: StartedCommand,
         *,
         end: str | None,
+        trailer: str,
         write: Writer,
         live: bool,
         stop: threading.Event,
@@ -106,6 +108,8 @@ class CommandFollower:
         self._env = env
         self._cmd = started
         self._end = end
+        self._trailer = trailer
+        self.framed = False  # the wrapper's end-of-frame line was seen
         self._write = write
         self._live = live
         self._stop = stop
@@ -114,7 +118,7 @@ class CommandFollower:
         self._spawn = spawn
         self._emitted = 0  # characters of the logs' output already written
         self.output = ""  # the output as last read
-        self.ended = False  # the end-of-frame line was seen
+        self.ended = False  # an end line was seen (the frame's or the trailer)
 
     # -- requests ---------------------------------------------------------------------------------
     def _ask(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -175,18 +179,25 @@ class CommandFollower:
         if self.ended:
             return
         stop = len(text)
-        if self._end is not None:
-            idx = text.find(self._end, max(0, self._emitted - len(self._end)))
-            if idx >= 0:
-                stop = idx + len(self._end)
-                self.ended = True
-            elif not final:
-                # Keep back what may be the start of the end line, or a character the
-                # daemon could not decode yet (split across two writes).
-                keep = _partial_suffix(text, self._end)
-                while stop - keep > self._emitted and text[stop - keep - 1] == "\ufffd" and keep < 4:
-                    keep += 1
-                stop -= keep
+        start = max(0, self._emitted - len(self._trailer))
+        hit, idx = None, -1
+        for marker in (self._end, self._trailer):
+            if marker is not None:
+                i = text.find(marker, start)
+                if i >= 0 and (idx < 0 or i < idx):
+                    hit, idx = marker, i
+        if hit is not None:
+            # The frame's end line is the base class's to read; the session line's trailer is ours.
+            stop = idx + len(hit) if hit == self._end else idx
+            self.ended = True
+            self.framed = hit == self._end
+        elif not final:
+            # Keep back what may be the start of an end line, or a character the daemon
+            # could not decode yet (split across two writes).
+            keep = max(_partial_suffix(text, m) for m in (self._end, self._trailer) if m is not None)
+            while stop - keep > self._emitted and text[stop - keep - 1] == "\ufffd" and keep < 4:
+                keep += 1
+            stop -= keep
         if stop > self._emitted:
             self._write(text[self._emitted : stop].encode("utf-8", "surrogateescape"))
             self._emitted = stop
@@ -236,7 +247,7 @@ class CommandFollower:
         delay = _FIRST_POLL_S
         while True:
             self._pull_output(final=False)
-            if self.ended or self._end is None or time.monotonic() >= deadline:
+            if self.ended or time.monotonic() >= deadline:
                 break
             if (code == 127 and _no_bash(self.output)) or self._forced.is_set():
                 break  # no end record will come
@@ -272,7 +283,7 @@ class _Stopped(Exception):
 
 def no_bash(output: str) -> bool:
     """Whether ``output`` is a shell saying that there is no bash to run."""
-    head = output[:2000]
+    head = output[:2000].split("\x1ehermes-end:", 1)[0]
     return "\x1e" not in head and "bash" in head and "not found" in head
 
 

@@ -24,7 +24,17 @@ from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
 from hermes_env_core.errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError
 
 from . import _sdk
-from ._commands import ARG_LIMIT, bash_line, exports, file_script, file_session_line, nonce_of, session_line
+from ._commands import (
+    ARG_LIMIT,
+    bash_line,
+    exports,
+    file_script,
+    file_session_line,
+    nonce_of,
+    session_line,
+    stub_session_line,
+    trailer_line,
+)
 from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
 from .config import DaytonaConfig, memory_gib
 
@@ -36,6 +46,8 @@ __all__ = ["DaytonaEnvironment"]
 log = logging.getLogger(__name__)
 
 _AUX_TIMEOUT_S = 30  # kill, pid and output-polling commands
+#: The core exports a backend's configured env itself (``_preamble``) when it has that hook.
+_CORE_PREAMBLE = hasattr(BaseEnvironment, "_preamble")
 _TASK_LABEL = "hermes-env-task"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -340,6 +352,11 @@ class DaytonaEnvironment(BaseEnvironment):
         self._home = None
         self._sync_lost = True
 
+    def _state_dir(self) -> str:
+        # The file API (private script uploads) reaches the user's home; the core
+        # makes the private 0700 directory inside this one.
+        return f"{self.home()}/.cache/hermes-env"
+
     def home(self) -> str:
         """The sandbox user's home directory (relative sync paths start there)."""
         sb = self._ready()
@@ -396,6 +413,8 @@ class DaytonaEnvironment(BaseEnvironment):
         """Whether ``sb`` had stopped or vanished and is running again (so retrying is safe)."""
         if isinstance(exc, (self._sdk.DaytonaAuthenticationError, self._sdk.DaytonaRateLimitError)):
             return False
+        if getattr(exc, "status_code", None) in (401, 403, 429):  # the file API's plain DaytonaError
+            return False
         with self._ready_lock:
             if self._sandbox is not sb:
                 return True  # another thread replaced it already
@@ -421,17 +440,26 @@ class DaytonaEnvironment(BaseEnvironment):
         self._ready()  # raise here, not from the handle, when the sandbox cannot run
         # The frame's nonce is in the script, or (private script in a file) in what
         # _put_private_file just wrote for this thread.
-        nonce = nonce_of(script) or getattr(self._live, "nonce", None)
+        private_nonce = getattr(self._live, "nonce", None)
         self._live.nonce = None
+        nonce = private_nonce or nonce_of(script)
         end = None if nonce is None else f"\x1e{nonce}:E\n"
-        script = exports(self._cfg.env) + script
-        line = session_line(script, login=login)
+        token = secrets.token_hex(12)
+        trailer = trailer_line(token)
+        if private_nonce is not None:
+            # The core's stub, its private script already in the session's 0700 directory.
+            line = stub_session_line(script, login=login, token=token)
+        else:
+            # A script that may hold state or values: never an argument, always the here-document.
+            if not _CORE_PREAMBLE:
+                script = exports(self._cfg.env) + script
+            line = session_line(script, login=login, token=token)
         if len(line.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
             # A large script (a large session, a large stdin) goes up as a private file that
             # deletes itself as it starts, and the session command only names it.
             path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
             self._upload(file_script(script), path)
-            line = file_session_line(path, login=login)
+            line = file_session_line(path, login=login, token=token)
         live = bool(getattr(self._live, "on", False))
         stop = threading.Event()
         forced = threading.Event()  # SIGKILL sent: no end record will come
@@ -440,7 +468,7 @@ class DaytonaEnvironment(BaseEnvironment):
         def target(write: Writer) -> int:
             started = self._start_command(line)
             follower = CommandFollower(
-                self, started, end=end, write=write, live=live, stop=stop, forced=forced, note=notes.append,
+                self, started, end=end, trailer=trailer, write=write, live=live, stop=stop, forced=forced, note=notes.append,
                 spawn=self._workers().submit,
             )
             reusable = False
@@ -449,7 +477,7 @@ class DaytonaEnvironment(BaseEnvironment):
                 reusable = code is not None
             finally:
                 self._after_command(started, reusable=reusable)
-            if code == 127 and not follower.ended and no_bash(follower.output):
+            if code == 127 and not follower.framed and no_bash(follower.output):
                 raise BackendError(
                     f"daytona: sandbox {self.sandbox_name} has no bash ({follower.output.strip()[:200]!r}); "
                     "hermes-env needs bash >= 4.4 in the image: use an image that has it (python:3.12-slim, "
@@ -458,7 +486,7 @@ class DaytonaEnvironment(BaseEnvironment):
             if code is None:
                 if stop.is_set():
                     return -1  # killed: the base class reports the timeout or the cancel
-                if follower.ended:
+                if follower.framed:
                     return 0  # the status the command's bash recorded in its frame stands
                 raise BackendError("daytona: the daemon reported no exit status for the command")
             if code < 0:
@@ -556,17 +584,26 @@ class DaytonaEnvironment(BaseEnvironment):
         """A short helper script's output; BackendError when it cannot run."""
         return self.run_script(script, what).result or ""
 
+    def _preamble(self) -> str:
+        """The configured ``env``, exported at the top of the private script (never on a command line)."""
+        return exports(self._cfg.env).rstrip("; ")
+
     def _put_private_file(self, path: str, data: bytes) -> None:
         """The private wrapper script, written into the session's 0700 directory before bash starts."""
         self._live.nonce = nonce_of(data.decode("utf-8", "surrogateescape"))
         self._upload(data, path)
 
     def _upload(self, data: bytes, path: str) -> None:
-        sb = self._ready()
-        try:
-            sb.fs.upload_file(data, path)
-        except self._sdk.DaytonaError as exc:
-            raise self._error(exc, f"uploading {path}", BackendError) from exc
+        """Upload ``data`` to ``path``; retried once after bringing a stopped sandbox back."""
+        for attempt in (1, 2):
+            sb = self._ready()
+            try:
+                sb.fs.upload_file(data, path)
+                return
+            except self._sdk.DaytonaError as exc:
+                if attempt == 1 and self._revived_after(sb, exc):
+                    continue
+                raise self._error(exc, f"uploading {path}", BackendError) from exc
 
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         # Only the command's own process tree: the sandbox and other commands run on.
@@ -643,8 +680,13 @@ class DaytonaEnvironment(BaseEnvironment):
                 errors.append(exc)
                 log.warning("daytona: pulling files back from %s failed: %s", self.sandbox_name, exc)
         if sb is not None and _sdk.state_of(sb) == "started":
-            try:  # the session's files in the sandbox's /tmp: they describe this environment only
-                self.run_script(f"rm -f -- {shlex.quote(f'{self._state_dir()}/.hermes-{self.task_id}-')}*", "tidying up")
+            try:  # the session's files: they describe this environment only
+                private = getattr(self._session, "state_dir", None)
+                if private and private != self._state_dir():
+                    self.run_script(f"rm -rf -- {shlex.quote(private)}", "tidying up")
+                else:
+                    pattern = shlex.quote(f"{self._state_dir()}/.hermes-{self.task_id}-")
+                    self.run_script(f"rm -f -- {pattern}*", "tidying up")
             except HermesEnvError:
                 pass
         if sb is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import shutil
 import statistics
 import sys
 import time
@@ -369,8 +370,14 @@ def test_download_errors(sandbox):
 
 
 def test_paths_outside_the_sandbox_are_refused(emu, sandbox):
+    # /tmp is the sandbox's too (the daemon's file API reaches its whole filesystem) ...
+    scratch = f"/tmp/daytona-emulator-tmp-{sandbox.id}"
+    sandbox.fs.upload_file(b"t", f"{scratch}/f")
+    assert Path(scratch, "f").read_bytes() == b"t"
+    shutil.rmtree(scratch)
+    # ... but not the emulator's tree, where the other sandboxes live.
     with pytest.raises(DaytonaFileAccessDeniedError):
-        sandbox.fs.create_folder("/tmp/daytona-emulator-escape", "755")
+        sandbox.fs.create_folder(str(emu.root / "elsewhere"), "755")
     with pytest.raises(DaytonaError) as info:
         sandbox.fs.upload_file(b"x", "../escape.txt")
     assert info.value.status_code == 403

@@ -64,6 +64,7 @@ class Exec:
     ) -> None:
         self.id = exec_id
         self.command = command
+        self.stdin = stdin or ""
         self.lock = threading.Lock()
         self.out = bytearray()
         self.status = "running"  # CHOICE: the non-final status's name is not public
@@ -266,7 +267,13 @@ class GatewayEmulator:
         return sum(1 for m, p, _ in self.calls if m == method and fnmatch.fnmatch(p, pattern))
 
     def execs_of(self, command_part: str) -> list[Exec]:
-        return [e for sb in self.sandboxes.values() for e in sb.execs.values() if command_part in e.command]
+        # The command is in the exec's command or (the core's private script) in its stdinData.
+        return [
+            e
+            for sb in self.sandboxes.values()
+            for e in sb.execs.values()
+            if command_part in e.command or command_part in e.stdin
+        ]
 
     # -- internals -------------------------------------------------------------------
     def _take_fault(self, method: str, path: str) -> _Fault | None:

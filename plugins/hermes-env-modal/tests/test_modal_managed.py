@@ -49,7 +49,8 @@ def test_create_speaks_the_gateways_contract(fresh_gateway):
     (hdrs,) = [h for m, p, h in fresh_gateway.calls if m == "POST" and p == "/v1/sandboxes"]
     assert hdrs.get("x-idempotency-key")
     execs = [b for m, p, b in fresh_gateway.bodies if m == "POST" and p.endswith("/execs")]
-    assert execs and all(set(b) == {"execId", "command", "cwd", "timeoutMs"} for b in execs)
+    assert execs and all({"execId", "command", "cwd", "timeoutMs"} <= set(b) <= {
+        "execId", "command", "cwd", "timeoutMs", "stdinData"} for b in execs)
     assert all(b["cwd"] == "/root" and b["command"].startswith("exec ") for b in execs)
     assert len({b["execId"] for b in execs}) == len(execs)
     (term,) = [b for m, p, b in fresh_gateway.bodies if p.endswith("/terminate")]
@@ -254,5 +255,16 @@ def test_stdin_is_stdin_data_and_binary_stdin_travels_as_base64(fresh_gateway):
         r = env.execute("od -An -tx1 | tr -d ' \\n'", stdin=b"\xff\x00a")
         assert r.output == "ff0061"
     fed = [b for m, p, b in fresh_gateway.bodies if p.endswith("/execs") and "stdinData" in b]
-    assert any(b["command"].startswith("base64 -d | exec bash") for b in fed)
+    # Stdin that is not UTF-8 (whether the core hands it over raw or inside its
+    # private script) travels base64-encoded, decoded in the sandbox.
+    assert all(not b["command"].startswith("base64") or "base64 -d | exec bash" in b["command"] for b in fed)
+    assert all(isinstance(b["stdinData"], str) for b in fed)
     assert all("text é" not in b["command"] for b in fed)  # never on the command line
+
+
+def test_stdin_that_is_not_utf8_goes_base64_and_arrives_byte_exact(fresh_gateway):
+    with _env(fresh_gateway) as env:
+        handle = env._run_bash("od -An -tx1 | tr -d ' \\n'", login=False, timeout=None, stdin_data=b"\xff\x00a")
+        assert handle.stdout.read() == b"ff0061" and handle.wait(10) == 0
+    (body,) = [b for m, p, b in fresh_gateway.bodies if p.endswith("/execs") and "od -An" in b["command"]]
+    assert body["command"].startswith("base64 -d | exec bash") and body["stdinData"] == "/wBh"

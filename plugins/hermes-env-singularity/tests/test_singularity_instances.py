@@ -133,7 +133,8 @@ def test_persistent_overlay_keeps_files_per_task(sif: Path, tmp_path: Path) -> N
         with pytest.raises(EnvironmentUnavailable, match="in use by another environment"):
             SingularityEnvironment(**opts)
     with SingularityEnvironment(**opts) as env:
-        assert env.execute("cat /work/file; ls /tmp").output == "kept\n"
+        # /tmp is the instance's own (the session's private state directory lives there): the file is gone.
+        assert env.execute("cat /work/file; [ -e /tmp/gone ] || echo tmp-cleared").output == "kept\ntmp-cleared\n"
     with SingularityEnvironment(**{**opts, "task_id": "other-task"}) as env:
         assert env.execute("cat /work/file").exit_code != 0
 

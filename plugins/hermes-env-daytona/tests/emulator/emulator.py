@@ -221,6 +221,7 @@ class DaytonaEmulator:
         self.latency = 0.0
         self.proxy_timeout: float | None = None
         self.cut_requests = 0
+        self.uploaded_paths: list[str] = []  # every path a bulk upload wrote, in order
         self.exit_status_delay = 0.0
         self.output_after_exit = 0.0
         self.held_output_bytes = 256

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -135,9 +136,16 @@ class EmulatedSandbox:
         if not candidate.is_absolute():
             candidate = self.work_dir / candidate
         real = Path(os.path.realpath(candidate))
-        if real != self.root and self.root not in real.parents:
-            raise daemon_error(403, f"access denied: {path} is outside the sandbox", "FILE_ACCESS_DENIED")
-        return real
+        if real == self.root or self.root in real.parents:
+            return real
+        # The daemon's file API acts as the sandbox's user on the sandbox's whole filesystem,
+        # so /tmp is reachable too. Sandboxes here share this machine's /tmp: it is allowed,
+        # except the emulator's own tree (other sandboxes' homes).
+        emu_root = self.root.parent.parent
+        tmp = Path(os.path.realpath(tempfile.gettempdir()))
+        if tmp in real.parents and real != emu_root and emu_root not in real.parents and real not in emu_root.parents:
+            return real
+        raise daemon_error(403, f"access denied: {path} is outside the sandbox", "FILE_ACCESS_DENIED")
 
     # ------------------------------------------------------------- processes
     def daemon_shell(self) -> str:

@@ -428,5 +428,6 @@ class Toolbox:
                 raise daemon_error(400, f"{requested} is a directory", "INVALID_FILE_PATH")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            self.emu.uploaded_paths.append(requested)
             results.append(FsFileResult(path=requested, bytes=len(data)))
         return json_response(UploadFilesResponse(files=results))

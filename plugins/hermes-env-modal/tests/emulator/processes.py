@@ -127,6 +127,7 @@ class LocalProcess:
     finished_at: float | None = None
     stdin_offset: int = 0
     stdin_closed: bool = False
+    stdin_received: bytearray = field(default_factory=bytearray)  # for tests: what the exec was fed
     _proc: asyncio.subprocess.Process | None = None
     _exit: asyncio.Future | None = None
     _exited: asyncio.Event = field(default_factory=asyncio.Event)
@@ -287,6 +288,7 @@ class LocalProcess:
                     self.stdin_closed = True
                     raise BrokenPipeError(str(exc)) from exc
                 self.stdin_offset += len(fresh)
+                self.stdin_received += fresh
             if eof and not self.stdin_closed:
                 self.stdin_closed = True
                 if self._proc is not None and self._proc.stdin is not None:
