@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import IO
 from urllib.parse import urlsplit
@@ -256,6 +257,8 @@ class LocalEnvironment(BaseEnvironment):
         env.update(cfg.env)
         self._env = env
         self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
+        # An environment never closed still leaves nothing behind when it is collected or at exit.
+        self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
 
     def _state_dir(self) -> str:
         return self._dir
@@ -303,7 +306,7 @@ class LocalEnvironment(BaseEnvironment):
         return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
 
     def cleanup(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir_finalizer()
 
 
 def start_bash(

@@ -40,6 +40,7 @@ class CancelToken(threading.Event):
 
 
 _log = logging.getLogger(__name__)
+_HELPER_STUB = '__hermes_c=$(</dev/stdin); builtin eval "$__hermes_c"'
 
 _POLL_S = 0.02  # how often a quiet command is checked for cancel and exit
 _DRAIN_S = 0.2  # how long to keep reading after bash has exited
@@ -466,11 +467,13 @@ class BaseEnvironment(abc.ABC):
         path = posixpath.join(parent, "hermes-env-" + secrets.token_hex(16))
         q = shlex.quote(path)
         script = (
+            f"command mkdir -p -- {shlex.quote(parent)} 2>/dev/null; "
             f"(builtin umask 077; command mkdir -m 700 -- {q}) && [ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] "
             "&& builtin printf private"
         )
         code, out = self._run_helper(script, timeout=60.0)
-        if code != 0 or not out.endswith(b"private"):
+        # The exit status decides (some SDKs deliver a helper's output late, or not at all).
+        if code != 0 or (out and not out.endswith(b"private")):
             raise EnvironmentUnavailable(
                 f"{self.name}: cannot create a private state directory {path} in the target "
                 f"(exit {code}): {out.decode(errors='replace').strip()[:300]}"
@@ -681,14 +684,19 @@ class BaseEnvironment(abc.ABC):
     def _start_helper(self, script: str, *, timeout: float | None) -> ProcessHandle:
         """A helper script outside the session (background-process polls): through
         a channel that is idle right now, else a new process; never waits for one."""
+        # The script may carry the session's state (a background process's start):
+        # through stdin, never on a command line, wherever stdin can be fed.
+        data: bytes | None = None
+        if self._channel() == "stdin":
+            script, data = _HELPER_STUB, script.encode("utf-8", "surrogateescape")
         pool = self._channel_pool()
         channel = pool.try_acquire() if pool is not None else None
         if channel is not None:
             try:
-                return channel.start(script, login=False, stdin_data=None, strip_startup=self.channel_startup_noise)
+                return channel.start(script, login=False, stdin_data=data, strip_startup=self.channel_startup_noise)
             except EnvironmentUnavailable:
                 pass
-        return self._run_bash(script, login=False, timeout=timeout, stdin_data=None)
+        return self._run_bash(script, login=False, timeout=timeout, stdin_data=data)
 
     def _start_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None

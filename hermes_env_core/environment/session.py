@@ -480,7 +480,7 @@ class ShellSession:
             not snapshot and state is not None
             and ("xtrace" in state.shellopts or _XTRACE_RE.search(command) is not None)
         )
-        parts = ["builtin unset -v __hermes_c BASH_EXECUTION_STRING 2>/dev/null"]
+        parts = ["builtin unset -v __hermes_c __hermes_u __hermes_n BASH_EXECUTION_STRING 2>/dev/null"]
         if private_path:
             parts.append(f"builtin : >|{shlex.quote(private_path)}")
         parts.append(f"exec {OUT_FD}>&1 2>&1")

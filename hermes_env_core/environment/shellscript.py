@@ -76,12 +76,19 @@ def script_stub(private_dir: str, *, login: bool, from_file: str | None = None, 
         f = shlex.quote(from_file)
         read = f"__hermes_c=$(<{f}) && builtin : >|{f} && "
         redirect = ' < <(builtin printf \'%s\' "$__hermes_c")'
+    # No ln in the target (a minimal image): the same script, evaluated here
+    # (xtrace then shows one more "+", messages count lines from the prelude).
+    fallback = (
+        'IFS= builtin read -r __hermes_n && LC_ALL=C IFS= builtin read -r -N "$__hermes_n" __hermes_c && '
+        '__hermes_u=$(</dev/stdin) && builtin eval "$__hermes_c"$\'\\n\'"$__hermes_u"'
+    )
     return (
         f"[ -e {q} ] || (builtin umask 077; command mkdir -m 700 -- {q}) 2>/dev/null; "
-        f"if {read}[ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] && builtin cd -P -- {q} && builtin umask 077 && "
-        f"builtin printf '%s' {shlex.quote(LOADER)} >|env && "
-        f"{{ [ -L bash ] || command ln -s /dev/stdin bash; }}; then "
+        f"if {read}[ -d {q} ] && [ -O {q} ] && [ ! -L {q} ] && builtin cd -P -- {q}; then "
+        f"if builtin umask 077 && builtin printf '%s' {shlex.quote(LOADER)} >|env && "
+        f"{{ [ -L bash ] || command ln -s /dev/stdin bash; }} 2>/dev/null; then "
         f"SHLVL=$((SHLVL - 1)) BASH_ENV={q}/env builtin exec bash{' -l' if login else ''} bash{redirect}; fi; "
+        f"{{ {fallback}; }}{redirect}; builtin exit; fi; "
         f"builtin printf 'hermes-env: private state directory %s is not usable\\n' {q} >&2; builtin exit 125"
     )
 

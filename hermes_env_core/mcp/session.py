@@ -133,6 +133,14 @@ class McpShell:
             "notes": list(r.notes),
             "duration_s": round(r.duration_s, 6),
             "task_id": env.task_id,
+            "end_reason": str(r.end_reason),
+            "signal": r.signal,
+            "usage": {
+                "cpu_user_s": r.usage.cpu_user_s,
+                "cpu_system_s": r.usage.cpu_system_s,
+                "max_rss_bytes": r.usage.max_rss_bytes,
+                "oom_killed": r.usage.oom_killed,
+            },
         }
 
     # -- background processes ------------------------------------------------------------

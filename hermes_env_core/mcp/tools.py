@@ -91,6 +91,24 @@ TOOLS: dict[str, ToolSpec] = {
                     "notes": {"type": "array", "items": _STR},
                     "duration_s": _NUM,
                     "task_id": _TASK,
+                    "end_reason": {
+                        "type": "string",
+                        "enum": ["exited", "signaled", "timed_out", "cancelled", "oom_killed"],
+                        "description": "why the command ended",
+                    },
+                    "signal": _OPT_INT,
+                    "usage": {
+                        "type": "object",
+                        "description": "what the command cost; null where the target cannot tell",
+                        "properties": {
+                            "cpu_user_s": _OPT_NUM,
+                            "cpu_system_s": _OPT_NUM,
+                            "max_rss_bytes": _OPT_INT,
+                            "oom_killed": {"type": ["boolean", "null"]},
+                        },
+                        "required": ["cpu_user_s", "cpu_system_s", "max_rss_bytes", "oom_killed"],
+                        "additionalProperties": False,
+                    },
                 }
             ),
         ),

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import os
 import select
+import shlex
 import signal
 import subprocess
 import threading
@@ -26,15 +27,27 @@ if TYPE_CHECKING:
 __all__ = ["AdoptedLocalDriver", "LocalPipeDriver", "LocalPtyDriver"]
 
 _READ = 1 << 20
-_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _pty_bash_args(bash: str, script: str, login: bool) -> list[str]:
+    """argv for a pty child (ptyprocess passes no descriptors): the script goes
+    through a 0600 file that bash reads and removes before running it."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="hermes-bg-", suffix=".sh")
+    with os.fdopen(fd, "wb") as f:
+        f.write(script.encode("utf-8", "surrogateescape"))
+    q = shlex.quote(path)
+    args = [bash, "-l"] if login else [bash]
+    return args + ["-c", f'__hermes_c=$(<{q}); command rm -f -- {q}; builtin eval "$__hermes_c"', "bash"]
 
 
 def _bash_args(bash: str, script: str, login: bool) -> tuple[list[str], int]:
     """argv for running ``script``; a too-long script goes through a pipe (returned fd, else -1)."""
+    # Always through a pipe: the script carries the session's state, which
+    # must never be on a command line (bash sources all of it before running).
     args = [bash, "-l"] if login else [bash]
-    if len(script) <= _ARG_LIMIT:
-        return args + ["-c", script, "bash"], -1
     r, w = os.pipe()
     data = script.encode("utf-8", "surrogateescape")
 
@@ -340,14 +353,7 @@ class LocalPtyDriver(_Follower):
             from ptyprocess import PtyProcess
         except ImportError as exc:  # pragma: no cover - a declared dependency
             raise ProcessError("pty=True needs the ptyprocess package: pip install ptyprocess") from exc
-        args, script_fd = _bash_args(bash, script, login)
-        try:
-            self._pty = PtyProcess.spawn(
-                args, env=env, dimensions=size, pass_fds=(script_fd,) if script_fd >= 0 else ()
-            )
-        finally:
-            if script_fd >= 0:
-                os.close(script_fd)
+        self._pty = PtyProcess.spawn(_pty_bash_args(bash, script, login), env=env, dimensions=size)
         self._pty.delayafterclose = 0.0
         os.set_blocking(self._pty.fd, False)
         super().__init__(self._pty.pid, self._pty.fd)

@@ -200,10 +200,8 @@ for f in /proc/self/fd/[0-9]*; do
   case ${f##*/} in 1|2|63) continue;; esac  # write ends: reading them would take our own output
   cands+=" $(timeout 1 cat "$f" 2>/dev/null | head -c 1000000)"
 done
-for d in /tmp /dev/shm "$HOME" ; do
-  for f in "$d"/hermes-env-*/* "$d"/hermes-env-*/.[!.]* "$d"/.hermes-*; do
-    [ -f "$f" ] && cands+=" $(head -c 4000000 "$f" 2>/dev/null)"
-  done
+for f in "$1"/* "$1"/.[!.]*; do  # every file of the session's own private directory
+  [ -f "$f" ] && cands+=" $(head -c 4000000 "$f" 2>/dev/null)"
 done
 for t in $(printf '%s' "$cands" | grep -ao '[0-9a-f]\{24\}' | sort -u); do
   printf '\036%s:S0 1 0 0\037/\036%s:E\n' "$t" "$t"
@@ -218,12 +216,13 @@ class PrivacyConformance(DifferentialFixture):
         secret = "hermes-secret-" + secrets.token_hex(8)
         environment.execute(f"export HERMES_T_SECRET={secret}; HERMES_T_PLAIN={secret}x")
         started = threading.Event()
+        stop = threading.Event()
         result: list[object] = []
 
         def slow() -> None:
             result.append(
                 environment.execute(
-                    "echo running; sleep 4.37", timeout=60, on_output=lambda t: started.set() if "running" in t else None
+                    "echo running; sleep 60.37", timeout=120, cancel=stop, on_output=lambda t: started.set() if "running" in t else None
                 )
             )
 
@@ -235,13 +234,17 @@ class PrivacyConformance(DifferentialFixture):
                 "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\" 2>/dev/null; echo; done", timeout=60
             ).output
         finally:
+            stop.set()
             t.join(60)
-        assert "sleep 4.37" in dump  # the dump did see the running command
+        assert "sleep 60.37" in dump  # the dump did see the running command
         assert secret not in dump
 
     def test_child_cannot_forge_a_frame(self, environment: BaseEnvironment) -> None:
         environment.execute("HERMES_T_BEFORE=1")
-        r = environment.execute(f"bash -c {shlex.quote(_HARVEST)}; alias hermes_t_injected=true; exit 7", timeout=120)
+        d = shlex.quote(environment.session.state_dir)
+        r = environment.execute(
+            f"bash -c {shlex.quote(_HARVEST)} harvest {d}; alias hermes_t_injected=true; exit 7", timeout=120
+        )
         assert "harvested" in r.output
         assert r.exit_code == 7, r.output[-2000:]
         assert not any("not saved" in n for n in r.notes), r.notes

@@ -455,3 +455,53 @@ def test_reaper_runs_when_a_process_creates_its_first_environment(docker_client,
         child.communicate("", timeout=60)
         if _exists(docker_client, orphan):
             docker_client.api.remove_container(orphan, force=True)
+
+
+# -- another user in the container (issue 11) ---------------------------------------------
+def _as_other_user(env: DockerEnvironment, script: str) -> tuple[int, str]:
+    code, out = env._exec_simple(["bash", "-c", script], user="4242:4242")
+    return code, out.decode(errors="replace")
+
+
+def test_other_user_cannot_read_secrets_from_command_lines(make_env):
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    env = make_env(env={"HERMES_T_CFG": secret})
+    env.execute(f"export HERMES_T_EXP={secret}-exported; HERMES_T_PLAIN={secret}-plain")
+    started = threading.Event()
+    stop = threading.Event()
+    done: list[object] = []
+    t = threading.Thread(
+        target=lambda: done.append(
+            env.execute("echo running; sleep 60.21", cancel=stop, on_output=lambda s: started.set() if "running" in s else None)
+        )
+    )
+    t.start()
+    try:
+        assert started.wait(30)
+        code, dump = _as_other_user(env, 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done')
+    finally:
+        stop.set()
+        t.join(60)
+    assert code == 0 and "sleep 60.21" in dump  # it saw root's running command
+    assert secret not in dump
+
+
+def test_other_user_cannot_enter_or_plant_state(make_env):
+    env = make_env()
+    env.execute("alias hermes_t_mine='echo mine'; HERMES_T_V=root")
+    d = env.session.state_dir
+    assert env.execute(f"stat -c '%a %U' {d}").output == "700 root\n"
+    code, out = _as_other_user(
+        env,
+        f"ls {d} 2>&1; echo 'hermes_t_evil() {{ echo pwned; }}' >{d}/.hermes-x-0.state 2>&1; "
+        # The old, predictable paths: a FIFO and a symlink where root used to write its state.
+        f"mkfifo /tmp/.hermes-{env.task_id}-0.state; ln -s /etc/shadow /tmp/.hermes-{env.task_id}-1.state; "
+        f"ls -d /tmp/hermes-env-* /dev/shm/hermes-env-* 2>/dev/null; echo done",
+    )
+    assert out.count("Permission denied") >= 2 and "done" in out, out
+    r = env.execute("hermes_t_mine; echo $HERMES_T_V; type hermes_t_evil 2>&1 | head -1", timeout=20)
+    assert not r.timed_out
+    assert r.output.startswith("mine\nroot\n") and "pwned" not in r.output
+    # Root's next commands write nothing through the planted paths.
+    _, leaked = _as_other_user(env, f"cat /tmp/.hermes-{env.task_id}-1.state 2>&1 | head -c 200; echo")
+    assert "declare" not in leaked

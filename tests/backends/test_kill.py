@@ -246,8 +246,10 @@ def test_local_command_runs_in_its_own_cgroup_unless_turned_off():
     assert rel.split("/")[-1] in line(first) and rel.split("/")[-1] in line(second)
     assert line(first) != line(second)  # one per command
     assert rel.split("/")[-1] not in line(off)
-    # Finished commands leave no cgroup behind.
-    assert [d for d in os.listdir(pool) if os.path.isdir(os.path.join(pool, d))] == []
+    # Finished commands leave no cgroup behind (other tests' may still be there).
+    for text in (first, second):
+        name = line(text).rsplit("/", 1)[-1]
+        assert not os.path.exists(os.path.join(pool, name)), name
 
 
 def test_cgroups_left_by_a_dead_process_are_removed_and_live_ones_kept():

@@ -487,3 +487,48 @@ def test_more_concurrent_commands_than_the_server_allows_channels(sshd_server, t
         for t in threads:
             t.join(60)
         assert sorted(results) == sorted(f"{i}\n" for i in range(8))
+
+
+# -- another user on the ssh host (issue 11) ----------------------------------------------
+def _as_other_user(script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on the ssh host (this machine) as uid 4243, not the session's user."""
+    return subprocess.run(
+        ["setpriv", "--reuid=4243", "--regid=4243", "--clear-groups", "bash", "-c", script],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def test_other_user_on_the_host_sees_no_secret_on_any_command_line(sshd_server, tmp_path):
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    with _make(sshd_server, tmp_path, env={"HERMES_T_CFG": secret}) as env:
+        env.execute(f"export HERMES_T_EXP={secret}-exported; HERMES_T_PLAIN={secret}-plain")
+        started = threading.Event()
+        stop = threading.Event()
+        t = threading.Thread(
+            target=lambda: env.execute(
+                "echo running; sleep 60.37", cancel=stop, on_output=lambda s: started.set() if "running" in s else None
+            )
+        )
+        t.start()
+        try:
+            assert started.wait(30)
+            dump = _as_other_user('for f in /proc/[0-9]*/cmdline; do tr "\\0" " " <"$f"; echo; done').stdout
+        finally:
+            stop.set()
+            t.join(60)
+        assert "sleep 60.37" in dump  # it saw the session's running command
+        assert secret not in dump
+
+
+def test_other_user_on_the_host_cannot_enter_or_plant_state(sshd_server, tmp_path):
+    with _make(sshd_server, tmp_path) as env:
+        env.execute("alias hermes_t_mine='echo mine'; HERMES_T_V=session")
+        d = env.session.state_dir
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and os.stat(d).st_uid != 4243
+        r = _as_other_user(
+            f"ls {d}; echo 'hermes_t_evil() {{ echo pwned; }}' >{d}/.hermes-x-0.state; "
+            f"ln -s /dev/null {d}/.hermes-x-1.state; echo done"
+        )
+        assert r.stderr.count("Permission denied") >= 3 and "done" in r.stdout, r.stderr
+        out = env.execute("hermes_t_mine; echo $HERMES_T_V; type hermes_t_evil 2>&1 | head -1", timeout=20).output
+        assert out.startswith("mine\nsession\n") and "pwned" not in out

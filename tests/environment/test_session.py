@@ -54,3 +54,20 @@ def test_kill_tree_script_kills_descendants():
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_script_mode_without_ln_falls_back_to_eval():
+    # A target whose private directory cannot hold the ./bash link (no ln in a
+    # minimal image): an xtrace session still runs and keeps its state.
+    from hermes_env_core.backends.local import LocalEnvironment
+
+    with LocalEnvironment() as env:
+        env.execute("true")
+        with open(f"{env.session.state_dir}/bash", "w") as f:
+            f.write("not a link\n")
+        r = env.execute("set -x; HERMES_T_FB=1; echo hi")
+        assert r.exit_code == 0 and "echo hi" in r.output and r.output.endswith("hi\n"), r.output
+        assert not any("not saved" in n for n in r.notes), r.notes
+        r = env.execute("set +x; echo $HERMES_T_FB")
+        assert r.output.endswith("1\n")
+        assert env.execute("echo plain").output == "plain\n"

@@ -175,3 +175,16 @@ async def test_errors_are_tool_errors(connect: Connect) -> None:
         assert "not a valid regex" in await error(c, "spawn", {"command": "true", "watch_regex": ["("]})
         # The server is still there.
         assert (await call(c, "run", {"command": "echo ok"}))["output"] == "ok\n"
+
+
+async def test_run_reports_usage_and_end_reason(connect: Connect) -> None:
+    async with connect() as c:
+        r = await call(c, "run", {"command": "for ((i = 0; i < 20000; i++)); do :; done; exit 3"})
+        assert (r["exit_code"], r["end_reason"], r["signal"]) == (3, "exited", None)
+        u = r["usage"]
+        assert set(u) == {"cpu_user_s", "cpu_system_s", "max_rss_bytes", "oom_killed"}
+        assert u["cpu_user_s"] is not None and u["cpu_user_s"] + u["cpu_system_s"] > 0
+        r = await call(c, "run", {"command": "sleep 5", "timeout": 0.3})
+        assert r["end_reason"] == "timed_out"
+        r = await call(c, "run", {"command": "kill -9 $$"})
+        assert (r["exit_code"], r["end_reason"], r["signal"]) == (137, "signaled", 9)

@@ -52,6 +52,7 @@ def main() -> None:
         core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         with KubernetesEnvironment(image=image, task_id="bench") as env:
             env.execute("true")  # pod up, session captured
+            mode = getattr(env, "channel_mode", "process (this core has no resident channel)")
             pod, ns = env.pod_name, env.namespace
 
             def raw() -> None:
@@ -73,7 +74,6 @@ def main() -> None:
                     times[name].append(time.perf_counter() - t)
         raw_ms = statistics.median(times["raw"]) * 1000
         our_ms = statistics.median(times["execute"]) * 1000
-        mode = getattr(env, "channel_mode", "process (this core has no resident channel)")
         print(f"n={n} per side, same pod, same run; commands go by: {mode}")
         print(f"raw stream(connect_get_namespaced_pod_exec, ['true'])  median {raw_ms:7.2f} ms")
         print(f"execute('true')                                        median {our_ms:7.2f} ms")

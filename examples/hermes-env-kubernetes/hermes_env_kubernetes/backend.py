@@ -11,6 +11,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shlex
 import socket
 import threading
@@ -70,6 +71,31 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _wait_io(ws: Any, write: bool, timeout: float | None) -> bool:
+    """Wait, without holding the lock, until the socket is ready (TLS: read and write never overlap)."""
+    sock = ws.sock.sock
+    if not write and getattr(sock, "pending", lambda: 0)():
+        return True
+    r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], timeout)
+    return bool(r or w)
+
+
+def _recv(ws: Any, lock: threading.Lock, keepalive: float) -> tuple[int, Any]:
+    """The next websocket frame; a ping after ``keepalive`` seconds of quiet."""
+    while not _wait_io(ws, False, keepalive):
+        with lock:
+            ws.sock.ping()
+    with lock:
+        return ws.sock.recv_data_frame(True)  # type: ignore[no-any-return]
+
+
+def _send(ws: Any, lock: threading.Lock, channel: int, data: bytes) -> None:
+    for i in range(0, max(len(data), 1), 16384):
+        _wait_io(ws, True, None)
+        with lock:
+            ws.write_channel(channel, data[i:i + 16384])
+
+
 class _Exec:
     """One exec websocket as a process: channels 1 and 2 into a pipe, the exit code from channel 3."""
 
@@ -79,16 +105,16 @@ class _Exec:
         self.ws, self.returncode, self.error, self.killer, self.killed = ws, None, None, None, False
         self.stderr, self._merge, self._code = b"", merge, 0
         self._done, self._send = threading.Event(), threading.Lock()
-        ws.sock.settimeout(keepalive)
+        self._keepalive = keepalive
+        ws.sock.settimeout(None)
         threading.Thread(target=self._pump, daemon=True).start()
         if stdin is not None:
             threading.Thread(target=self._feed, args=(stdin, v5), daemon=True).start()
 
     def _feed(self, data: bytes, v5: bool) -> None:
         try:
-            for i in range(0, len(data), 1 << 16):
-                with self._send:
-                    self.ws.write_channel(0, data[i:i + (1 << 16)])
+            if data:
+                _send(self.ws, self._send, 0, data)
             if v5:
                 with self._send:
                     self.ws.close_channel(0)
@@ -96,16 +122,11 @@ class _Exec:
             pass
 
     def _pump(self) -> None:
-        from websocket import ABNF, WebSocketTimeoutException
+        from websocket import ABNF
 
         try:
             while True:
-                try:
-                    op, frame = self.ws.sock.recv_data_frame(True)
-                except WebSocketTimeoutException:
-                    with self._send:
-                        self.ws.sock.ping()  # keepalive on a quiet stream
-                    continue
+                op, frame = _recv(self.ws, self._send, self._keepalive)
                 if op == ABNF.OPCODE_CLOSE:
                     break
                 data = frame.data if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) else b""
@@ -155,20 +176,15 @@ class _Channel:
     """One exec websocket as the core's resident channel: stdin in, channel 1 out, the rest dropped."""
 
     def __init__(self, ws: Any, keepalive: float) -> None:
-        self.ws, self._buf, self._lock = ws, b"", threading.Lock()
-        ws.sock.settimeout(keepalive)
+        self.ws, self._buf, self._lock, self._keepalive = ws, b"", threading.Lock(), keepalive
+        ws.sock.settimeout(None)
 
     def read(self, n: int) -> bytes:
-        from websocket import ABNF, WebSocketTimeoutException
+        from websocket import ABNF
 
         try:
             while not self._buf:
-                try:
-                    op, frame = self.ws.sock.recv_data_frame(True)
-                except WebSocketTimeoutException:
-                    with self._lock:
-                        self.ws.sock.ping()
-                    continue
+                op, frame = _recv(self.ws, self._lock, self._keepalive)
                 if op == ABNF.OPCODE_CLOSE or (op == ABNF.OPCODE_BINARY and frame.data[:1] == b"\x03"):
                     return b""
                 if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data[:1] == b"\x01":
@@ -180,8 +196,7 @@ class _Channel:
 
     def write(self, data: bytes) -> None:
         try:
-            with self._lock:
-                self.ws.write_channel(0, data)
+            _send(self.ws, self._lock, 0, data)
         except Exception as exc:
             raise OSError(f"kubernetes: the channel's exec stream is broken: {exc}") from exc
 

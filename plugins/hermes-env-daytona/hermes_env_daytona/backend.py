@@ -354,6 +354,11 @@ class DaytonaEnvironment(BaseEnvironment):
         self._home = None
         self._sync_lost = True
 
+    def _state_dir(self) -> str:
+        # The file API (private script uploads) reaches the user's home; the core
+        # makes the private 0700 directory inside this one.
+        return f"{self.home()}/.cache/hermes-env"
+
     def home(self) -> str:
         """The sandbox user's home directory (relative sync paths start there)."""
         sb = self._ready()

@@ -26,6 +26,10 @@ class TestDaytonaConformance(EnvironmentConformance):
     known_gaps = {
         "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
         "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
+        # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
+        # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
+        "test_messages_numbered_as_bash_c": "messages name /dev/fd/3, not bash",
+        "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
     }
 
     @pytest.fixture
@@ -43,6 +47,10 @@ class TestDaytonaConformanceBashImage(EnvironmentConformance):
     known_gaps = {
         "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
         "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
+        # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
+        # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
+        "test_messages_numbered_as_bash_c": "messages name /dev/fd/3, not bash",
+        "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
     }
 
     @pytest.fixture

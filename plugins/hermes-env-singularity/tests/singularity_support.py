@@ -27,7 +27,7 @@ PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_COMMANDS = (
     "bash", "cat", "head", "tail", "tr", "seq", "od", "wc", "sleep", "mkdir", "rmdir", "true", "false",
     "env", "ls", "rm", "setsid", "pkill", "pgrep", "ps", "base64", "id", "printf", "echo", "kill", "grep",
-    "sed", "nproc", "timeout", "mv", "cp", "touch", "stat", "dd", "ln",
+    "sed", "nproc", "timeout", "mv", "cp", "touch", "stat", "dd", "mkfifo", "sort", "ln",
 )
 IMAGE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
