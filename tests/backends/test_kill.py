@@ -140,15 +140,18 @@ def test_cancel_kills_the_tree(make_env):
     _assert_gone(token)
 
 
-def test_detached_orphan_of_a_timed_out_command_dies_with_cgroup(make_env):
-    if make_env.kind != "local":
-        pytest.skip("only a cgroup sees a process re-parented before the first signal")
+def test_detached_orphan_of_a_timed_out_command_dies_with_cgroup():
+    # Local only: only a cgroup sees a process re-parented before the first signal.
+    assert local_tree.cgroup_pool() is not None, "this machine can make cgroups; the test expects one"
     token = _token()
-    env = make_env(kill_grace_s=0.5)
+    env = _local(kill_grace_s=0.5)
     # The subshell exits at once: the sleep is re-parented to init before any signal.
-    r = env.execute(f"(setsid sleep {token} </dev/null >/dev/null 2>&1 &); echo started; sleep 100", timeout=1)
-    assert r.timed_out and "started" in r.output
-    _assert_gone(token, timeout=5.0)
+    try:
+        r = env.execute(f"(setsid sleep {token} </dev/null >/dev/null 2>&1 &); echo started; sleep 100", timeout=1)
+        assert r.timed_out and "started" in r.output
+        _assert_gone(token, timeout=5.0)
+    finally:
+        env.close()
 
 
 def test_background_job_of_a_finished_command_keeps_running(make_env):
