@@ -102,6 +102,7 @@ class DaytonaEnvironment(BaseEnvironment):
         self._sync: SyncEngine | None = None
         self._push_lock = threading.Lock()
         self._sync_lost = False
+        self._state_lost = False  # a new sandbox: the session's private directory is elsewhere
         if cfg.sync:
             from hermes_env_core.sync import SyncEngine, SyncMapping
 
@@ -353,6 +354,7 @@ class DaytonaEnvironment(BaseEnvironment):
         # since a push holding the engine may itself be waiting for that lock.
         self._home = None
         self._sync_lost = True
+        self._state_lost = True
 
     def _state_dir(self) -> str:
         # The file API (private script uploads) reaches the user's home; the core
@@ -440,6 +442,10 @@ class DaytonaEnvironment(BaseEnvironment):
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
         self._ready()  # raise here, not from the handle, when the sandbox cannot run
+        remap = getattr(self._live, "remap", None)
+        if remap is not None:
+            self._live.remap = None
+            script = script.replace(remap[0], remap[1])
         # The frame's nonce is in the script, or (private script in a file) in what
         # _put_private_file just wrote for this thread.
         private_nonce = getattr(self._live, "nonce", None)
@@ -593,7 +599,21 @@ class DaytonaEnvironment(BaseEnvironment):
     def _put_private_file(self, path: str, data: bytes) -> None:
         """The private wrapper script, written into the session's 0700 directory before bash starts."""
         self._live.nonce = nonce_of(data.decode("utf-8", "surrogateescape"))
-        self._upload(data, path)
+        self._live.remap = None
+        try:
+            self._upload(data, path)
+        except BackendError:
+            if not self._state_lost or self._session is None:
+                raise
+            # The sandbox was recreated while the script went up: its private
+            # directory is in the lost sandbox's home. Move the session to a new
+            # one and send this command there (its stub is rewritten to match).
+            old = self.session.state_dir
+            self._state_lost = False
+            new = self._make_private_dir(self._state_dir())
+            self.session.state_dir = new
+            self._live.remap = (old, new)
+            self._upload(data.replace(old.encode(), new.encode()), path.replace(old, new))
 
     def _upload(self, data: bytes, path: str) -> None:
         """Upload ``data`` to ``path``; retried once after bringing a stopped sandbox back."""
@@ -641,6 +661,11 @@ class DaytonaEnvironment(BaseEnvironment):
 
     def _before_execute(self) -> None:
         self._ready()
+        if self._state_lost and self._session is not None:
+            # The session's private directory was in the lost sandbox's home:
+            # make one in the new sandbox (the state itself lives in Python).
+            self._state_lost = False
+            self.session.state_dir = self._make_private_dir(self._state_dir())
         if self._sync is None:
             return
         # A push in progress in another thread is not waited for: commands do not queue behind a sync.
