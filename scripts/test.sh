@@ -28,6 +28,12 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 (cd tests/mcp/ts && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in tests/mcp/ts failed"
 
+# The Daytona emulator runs the default snapshot's commands in zsh, as the real daemon does.
+if [ -d plugins/hermes-env-daytona ] && ! command -v zsh >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh >/dev/null; } \
+        || die "could not install zsh"
+fi
+
 step "python environment ($VENV)"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV" || die "python3 -m venv failed"
