@@ -13,7 +13,7 @@ from hermes_env_core.backends.local import LocalEnvironment
 def test_state_directory_removed_when_an_unclosed_environment_is_collected() -> None:
     env = LocalEnvironment()
     assert env.execute("export SECRETISH=1").exit_code == 0
-    path = env._state_dir()
+    path = env.session.state_dir
     assert os.path.isdir(path)
     del env
     gc.collect()
@@ -23,7 +23,7 @@ def test_state_directory_removed_when_an_unclosed_environment_is_collected() -> 
 def test_state_directory_removed_at_interpreter_exit() -> None:
     code = (
         "from hermes_env_core.backends.local import LocalEnvironment\n"
-        "env = LocalEnvironment(); env.execute('true'); print(env._state_dir())\n"
+        "env = LocalEnvironment(); env.execute('true'); print(env.session.state_dir)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     path = out.stdout.strip()
