@@ -109,11 +109,10 @@ class LocalConfig(EnvironmentConfig):
         description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
         "timeout, cancel or close stops every process it started.",
     )
-    # Here a new process is as cheap as the channel's fork in the server, and
-    # it reports peak memory: the resident channel is opt-in.
     channel: bool = Field(
-        default_factory=lambda: channel_default(False),
-        description="Run commands through a resident bash child (default off on local; HERMES_ENV_CHANNEL=1 sets it).",
+        default_factory=lambda: channel_default(True),
+        description="Run commands in the session server, a resident bash child (HERMES_ENV_CHANNEL=0: one bash "
+        "per command, the state restored each time).",
     )
 
     @field_validator("env")
@@ -262,6 +261,10 @@ class LocalEnvironment(BaseEnvironment):
 
     def _state_dir(self) -> str:
         return self._dir
+
+    def _server_login(self) -> bool:
+        # The caller's environment, PATH and an activated virtualenv included, as it is.
+        return False
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None

@@ -422,6 +422,11 @@ class ShellSession:
             if self._default_cwd is None and state.cwd:
                 self._default_cwd = state.cwd
 
+    def note_cwd(self, cwd: str) -> None:
+        """The session's directory as its server reported it after a command."""
+        with self._lock:
+            self._cwd = cwd
+
     def reset_cwd(self) -> str | None:
         """After the session's directory vanished: back to the default, or,
         if that is the one that failed, to where the shell starts."""

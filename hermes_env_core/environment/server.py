@@ -1,0 +1,494 @@
+"""The session server: one bash in the target whose own shell state is the session.
+
+The core opens one byte stream to a bash in the target (``BOOT_ARGV``) and
+makes it read its script from that stream, as ``bash -s`` reads a terminal's
+lines: every command is parsed and run at the server's top level, so
+variables, functions, aliases, options, traps, limits, the directory stack,
+``$?``, ``$_``, the job table and ``exec`` descriptors stay, with no restore
+and no dump. Around each command the client sends two short lines of its own
+(their traces and messages go to /dev/null) and reads back a report framed
+by a per-command secret nonce.
+
+Wire format, client to server (one write per command; bash reads a pipe one
+byte at a time, so it never reads past what it parses):
+
+    L1   read the command's first copy (N1 bytes) and check its syntax
+    C1   the command (N1 bytes)
+    L2   if it parses: stdin, cd, the start mark, then ``$?``/``$_`` of the
+         previous command; else print bash's message, report 2 and skip the rest
+    C2   the command again, then a newline: bash runs it at top level
+    L3   the report: ``\\x1e NONCE :X rc \\0 PWD \\0 times \\0 \\n``
+
+A command that never reaches L3 (``exit``, ``set -e``, a signal, a timeout)
+ends the server; the client then starts a new one from the checkpoint, the
+state it last read back while the session was idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import secrets
+import shlex
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import BackendError, EnvironmentUnavailable
+from .channel import ChannelStream
+from .shellscript import SECTIONS, quote_dir, stdin_statement
+
+__all__ = ["BOOT_ARGV", "ServerLost", "ServerReport", "SessionServer"]
+
+_log = logging.getLogger(__name__)
+
+#: What a target starts for a session server: a bash that reads one line (the
+#: private directory, never on a command line), makes it, and becomes the
+#: server, reading its script from the stream as ``./bash`` so that messages
+#: read "bash: line N:".
+BOOT_ARGV: tuple[str, ...] = (
+    "bash",
+    "-c",
+    'IFS= read -r __d && IFS= read -r __l || exit 1; __s=$PWD; '
+    '[ -e "$__d" ] || (umask 077; mkdir -m 700 -- "$__d") 2>/dev/null; '
+    'if [ -d "$__d" ] && [ -O "$__d" ] && [ ! -L "$__d" ] && cd -P -- "$__d"; then '
+    '{ [ -L bash ] || command ln -s /dev/fd/3 bash; } 2>/dev/null; [ -L bash ] && __b=bash || __b=/dev/fd/3; '
+    'SHLVL=$((SHLVL - 1)) __hermes_start=$__s exec bash $__l "$__b" 3<&0 0</dev/null 2>&1; fi; '
+    'printf "\\036private state directory %s is not usable\\n" "$__d"; exit 125',
+)
+
+_MARK = b"\x1e"
+_HELLO_TIMEOUT_S = 60.0
+_KILL_GRACE_CAP_S = 10.0
+
+
+class ServerLost(BackendError):
+    """The server ended or its stream broke (a command called ``exit``, was killed, or the target went away)."""
+
+
+@dataclass(frozen=True)
+class ServerReport:
+    """What the server said about one finished command."""
+
+    exit_code: int
+    cwd: str
+    cpu_times: tuple[float, float] | None  # cumulative (user, system) of the server and its children
+    flags: str = ""  # ``$-`` after the command
+
+
+_TIME_RE = re.compile(rb"(\d+)m([\d.]+)s")
+
+
+def _parse_times(text: bytes) -> tuple[float, float] | None:
+    vals = [int(m) * 60 + float(s) for m, s in _TIME_RE.findall(text)]
+    if len(vals) != 4:
+        return None
+    return vals[0] + vals[2], vals[1] + vals[3]
+
+
+# The per-command lines. {n1}/{n2} are byte counts, {nonce} the report's secret.
+_L1 = (
+    "{{ IFS= builtin read -r -N {n1} -u 255 __hermes_c; __hermes_ok=1; "
+    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' || __hermes_ok=; '
+    "builtin unset -f __hermes_k; }} 2>/dev/null\n"
+)
+# On a syntax error: bash's own message, as ``bash -c`` words it.
+_SYNTAX = (
+    "__hermes_n=$LINENO; "
+    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' 2>|{errf}; builtin unset -f __hermes_k; '
+    "builtin printf '\\036{nonce}:S\\n'; "
+    "while IFS= builtin read -r __hermes_c; do "
+    "if [[ $__hermes_c =~ ^bash:\\ eval:\\ line\\ ([0-9]+):\\ (.*)$ ]]; then "
+    "__hermes_c=${{BASH_REMATCH[2]}}; "
+    "builtin printf 'bash: -c: line %d: %s\\n' $((BASH_REMATCH[1] - __hermes_n + 1)) \"${{__hermes_c/#\\`__hermes_k() {{ :;/\\`}}\"; "
+    "else builtin printf '%s\\n' \"$__hermes_c\"; fi; done <{errf}; "
+    "IFS= builtin read -r -N {skip} -u 255 __hermes_c; __hermes_r=2 __hermes_l=; builtin unset -v __hermes_n; "
+    "builtin printf '\\036{nonce}:X%d\\0%s\\0' 2 \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; "
+)
+_L2 = (
+    "{{ if [[ -z $__hermes_ok ]]; then {syntax}else {pre}builtin printf '\\036{nonce}:S\\n'; fi; "
+    "builtin unset -v __hermes_c __hermes_ok; "
+    "__hermes_t() {{ builtin unset -f __hermes_t; builtin unset -v __hermes_r __hermes_l; return $1; }}; "
+    'if ((__hermes_r)); then __hermes_t "$__hermes_r" "$__hermes_l" && :; '
+    'else __hermes_t 0 "$__hermes_l"; fi; }} 2>/dev/null\n'
+)
+_L3 = (
+    "{{ __hermes_r=$? __hermes_l=$_; {post}builtin printf '\\036{nonce}:X%d\\0%s\\0' \"$__hermes_r\" \"$PWD\"; "
+    "builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; }} 2>/dev/null\n"
+)
+
+# The checkpoint: the sections ``session.parse_state_dump`` reads, between marks.
+_DUMP = (
+    "{{ __hermes_w=$PWD __hermes_so=$SHELLOPTS; builtin printf '\\036{nonce}:C'; "
+    "builtin declare -p; builtin declare -p DIRSTACK; builtin printf '%s\\n' {sep}; "
+    "builtin declare -f; builtin printf '%s\\n' {sep}; builtin alias -p; builtin printf '%s\\n' {sep}; "
+    "builtin umask -p; builtin printf '%s\\n%s\\n' \"$__hermes_so\" {sep}; "
+    "builtin set +o; builtin shopt -p; builtin printf '%s\\n' {sep}; "
+    "builtin trap -p; builtin printf '%s\\n' {sep}; builtin ulimit -S -a; builtin printf '%s\\n' {sep}; "
+    "builtin ulimit -H -a; builtin printf '%s\\n' {sep}; builtin hash -l; builtin printf '%s\\n' {sep}; "
+    "builtin jobs -p; builtin printf '%s\\n' {sep}; builtin printf '%s %s\\n' $$ $$; builtin times; "
+    "builtin printf '%s\\n' {sep}; builtin printf 'fds\\n\\n%s\\n' {sep}; "
+    "builtin printf '\\036{nonce}:W%s\\0\\036{nonce}:E\\n' \"$__hermes_w\"; "
+    "builtin unset -v __hermes_w __hermes_so; }} 2>/dev/null\n"
+)
+assert len(SECTIONS) == 12  # the dump above writes these twelve, in order
+
+
+def _dump_text(nonce: str) -> str:
+    return _DUMP.format(nonce=nonce, sep=shlex.quote(f"#hermes-state:{nonce}"))
+
+
+# For a command that may end the server (exit, exec, set -e): an EXIT trap that
+# runs the user's own EXIT trap, reports, and hands the state back. {ut} is the
+# user's trap as ``trap -p EXIT`` printed it (read just before).
+_EXIT_TRAP = (
+    "__hermes_r=$? __hermes_l=$_; builtin trap - EXIT; "
+    'if [[ -n $__hermes_xt ]]; then __hermes_xb=${{__hermes_xt#trap -- }}; builtin eval "__hermes_xb=${{__hermes_xb% EXIT}}"; '
+    'builtin unset -v __hermes_xt; builtin eval "$__hermes_xb"; fi; builtin unset -v __hermes_xt __hermes_xb; '
+    "{{ {dump}; }} 2>/dev/null; "
+    "builtin printf '\\036{nonce}:X%d\\0%s\\0' \"$__hermes_r\" \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\""
+)
+
+
+class SessionServer:
+    """One session server over one stream. Not thread-safe: the environment
+    runs one command at a time through it."""
+
+    def __init__(
+        self,
+        opener: Callable[[Sequence[str]], ChannelStream],
+        *,
+        private_dir: str,
+        login: bool,
+        label: str,
+        init: str = "",
+    ) -> None:
+        self._opener = opener
+        self.private_dir = private_dir
+        self.label = label
+        self._chunks: queue.Queue[bytes] = queue.Queue()
+        self._buf = b""
+        self._stream = opener(BOOT_ARGV)
+        self._dead = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name=f"{label}-server-reader", daemon=True)
+        self._reader.start()
+        self.pid = 0
+        self.bash_version = ""
+        self.dirty = True  # state changed since the last checkpoint
+        #: the state a command that ended the server sent as it went (dump, separator, cwd)
+        self.handover: tuple[str, str, str] | None = None
+        try:
+            self._boot(login, init)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the stream ------------------------------------------------------------
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                data = self._stream.read(1 << 16)
+                if not data:
+                    break
+                self._chunks.put(bytes(data))
+        except Exception as exc:  # noqa: BLE001 - a broken stream is a lost server
+            _log.debug("%s: stream read failed: %r", self.label, exc)
+        finally:
+            self._dead.set()
+            self._chunks.put(b"")
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._stream.write(data)
+        except (OSError, ValueError, BackendError, EOFError) as exc:
+            raise ServerLost(f"{self.label}: the session server's stream broke ({exc})") from exc
+
+    def _next(self, timeout: float | None) -> bytes | None:
+        """The next chunk; None when ``timeout`` passed; raises ServerLost at the end of the stream."""
+        try:
+            data = self._chunks.get(timeout=timeout) if timeout is None or timeout > 0 else self._chunks.get_nowait()
+        except queue.Empty:
+            return None
+        if not data:
+            self._chunks.put(b"")  # keep saying so
+            raise ServerLost(f"{self.label}: the session server ended")
+        return data
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead.is_set() and self.handover is None
+
+    def _read_until(self, mark: bytes, deadline: float, sink: Callable[[bytes], None] | None) -> None:
+        """Feed bytes before ``mark`` to ``sink`` (None: drop them); keep what follows in the buffer."""
+        while True:
+            i = self._buf.find(mark)
+            if i >= 0:
+                if sink is not None and i:
+                    sink(self._buf[:i])
+                self._buf = self._buf[i + len(mark):]
+                return
+            keep = len(mark) - 1
+            if len(self._buf) > keep:
+                cut = len(self._buf) - keep
+                if sink is not None:
+                    sink(self._buf[:cut])
+                self._buf = self._buf[cut:]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.label}: no answer from the session server")
+            data = self._next(left)
+            if data is not None:
+                self._buf += data
+
+    def _take_fields(self, count: int, deadline: float) -> list[bytes]:
+        """``count`` NUL-terminated fields from the buffer."""
+        while self._buf.count(b"\0") < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.label}: the session server's report was cut short")
+            data = self._next(left)
+            if data is not None:
+                self._buf += data
+        parts = self._buf.split(b"\0", count)
+        self._buf = parts[count]
+        return parts[:count]
+
+    # -- boot ------------------------------------------------------------------
+    def _boot(self, login: bool, init: str) -> None:
+        nonce = secrets.token_hex(12)
+        head = f"{self.private_dir}\n{'-l' if login else ''}\n".encode()
+        init_text = (
+            "{ builtin exec 3<&-; builtin cd -- \"$__hermes_start\" 2>/dev/null; builtin export -n __hermes_start; "
+            "builtin unset -v __hermes_start OLDPWD; builtin shopt -s expand_aliases; "
+            f"builtin printf '\\036{nonce}:H%s %s\\n' \"$$\" \"$BASH_VERSION\"; }} 2>/dev/null\n"
+            + (f"{{ {init}\n}} >/dev/null 2>&1\n" if init.strip() else "")
+            + "{ __hermes_r=0 __hermes_l=; } 2>/dev/null\n"
+        )
+        self._send(head + init_text.encode())
+        deadline = time.monotonic() + _HELLO_TIMEOUT_S
+        noise: list[bytes] = []
+        try:
+            self._read_until(_MARK + nonce.encode() + b":H", deadline, noise.append)
+        except ServerLost:
+            said = b"".join(noise).decode(errors="replace").strip()
+            raise EnvironmentUnavailable(
+                f"{self.label}: bash in the target did not start the session server"
+                + (f": {said[-300:]}" if said else "; is bash installed there?")
+            ) from None
+        while b"\n" not in self._buf:
+            data = self._next(max(deadline - time.monotonic(), 0.01))
+            if data is not None:
+                self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        pid, _, version = line.decode(errors="replace").partition(" ")
+        self.pid = int(pid) if pid.isdigit() else 0
+        self.bash_version = version
+
+    # -- commands --------------------------------------------------------------
+    def send_command(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        stdin: bytes | None,
+        may_exit: bool = False,
+    ) -> str:
+        """Send one command; returns its nonce (read the output with ``read_output``).
+
+        ``may_exit``: the command may end the server (``exit``, ``exec``,
+        errexit): it then gets an EXIT trap that hands its state back.
+        """
+        nonce = secrets.token_hex(12)
+        body = command.encode("utf-8", "surrogateescape")
+        pre: list[str] = []
+        post: list[str] = []
+        if may_exit:
+            trap = _EXIT_TRAP.format(nonce=nonce, dump=_dump_text(nonce).rstrip("\n"))
+            pre.append(f"__hermes_xt=$(builtin trap -p EXIT); builtin trap -- {shlex.quote(trap)} EXIT")
+            post.append(
+                f'if [[ $(builtin trap -p EXIT) == *{nonce}* ]]; then '
+                'if [[ -n $__hermes_xt ]]; then builtin eval "$__hermes_xt"; else builtin trap - EXIT; fi; fi; '
+                "builtin unset -v __hermes_xt"
+            )
+        if stdin is not None:
+            pre.append(stdin_statement(stdin))
+            post.append("builtin exec 0</dev/null")
+        if cwd is not None:
+            q = quote_dir(cwd)
+            pre.append(
+                "__hermes_ow=$PWD __hermes_oo=${OLDPWD-}; "
+                f"builtin cd -- {q} || {{ builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q} >&2; }}"
+            )
+            post.append(
+                'builtin cd -- "$__hermes_ow"; OLDPWD=$__hermes_oo; builtin unset -v __hermes_ow __hermes_oo'
+            )
+        pre_text = "".join(p + "\n" if p.startswith("exec 0<<") or "\n" in p else p + "; " for p in pre)
+        l3 = _L3.format(nonce=nonce, post="".join(p + "; " for p in post)).encode()
+        c2 = body + b"\n"
+        errf = shlex.quote(self.private_dir + "/err")
+        syntax = _SYNTAX.format(nonce=nonce, errf=errf, skip=len(c2) + len(l3))
+        l2 = _L2.format(nonce=nonce, syntax=syntax, pre=pre_text).encode("utf-8", "surrogateescape")
+        l1 = _L1.format(n1=len(body)).encode()
+        self.dirty = True
+        self._send(l1 + body + l2 + c2 + l3)
+        return nonce
+
+    def wait_started(self, nonce: str, deadline: float) -> None:
+        """Drop what comes before the command's start mark (late output of earlier background jobs)."""
+        self._read_until(_MARK + nonce.encode() + b":S\n", deadline, None)
+
+    def read_output(
+        self, nonce: str, sink: Callable[[bytes], None], *, poll_s: float, should_stop: Callable[[], bool]
+    ) -> ServerReport | None:
+        """Pass output to ``sink`` until the report; None when ``should_stop()`` became true first.
+
+        A command that ends the server (``exit``) sends the state it reached
+        first; it is kept as ``handover``.
+        """
+        report_mark = _MARK + nonce.encode() + b":X"
+        dump_mark = _MARK + nonce.encode() + b":C"
+        while True:
+            i = self._buf.find(report_mark)
+            j = self._buf.find(dump_mark)
+            if j >= 0 and (i < 0 or j < i):
+                if j:
+                    sink(self._buf[:j])
+                self._buf = self._buf[j:]
+                self.handover = self._read_dump(nonce, time.monotonic() + 30.0)
+                continue
+            if i >= 0:
+                if i:
+                    sink(self._buf[:i])
+                self._buf = self._buf[i + len(report_mark):]
+                deadline = time.monotonic() + 30.0
+                rc, cwd, times, flags = self._take_fields(4, deadline)
+                while not self._buf:  # the report's newline
+                    data = self._next(min(5.0, max(deadline - time.monotonic(), 0.01)))
+                    if data is None:
+                        break
+                    self._buf += data
+                if self._buf.startswith(b"\n"):
+                    self._buf = self._buf[1:]
+                return ServerReport(
+                    exit_code=int(rc) if rc.isdigit() else 1,
+                    cwd=cwd.decode("utf-8", "surrogateescape"),
+                    cpu_times=_parse_times(times),
+                    flags=flags.decode(errors="replace"),
+                )
+            keep = len(report_mark) - 1
+            if len(self._buf) > keep:
+                cut = len(self._buf) - keep
+                # Never pass on the start of what may be a mark.
+                k = self._buf.rfind(_MARK, cut - keep if cut > keep else 0, cut)
+                if k >= 0:
+                    cut = k
+                if cut:
+                    sink(self._buf[:cut])
+                    self._buf = self._buf[cut:]
+            if should_stop():
+                return None
+            data = self._next(poll_s)
+            if data is not None:
+                self._buf += data
+
+    # -- checkpoint ------------------------------------------------------------
+    def checkpoint(self, *, timeout: float = 30.0) -> tuple[str, str, str]:
+        """Read the state back between commands: (dump text, separator, cwd)."""
+        nonce = secrets.token_hex(12)
+        self._send(_dump_text(nonce).encode())
+        deadline = time.monotonic() + timeout
+        self._read_until(_MARK + nonce.encode() + b":C", deadline, None)
+        self._buf = _MARK + nonce.encode() + b":C" + self._buf
+        got = self._read_dump(nonce, deadline)
+        self.dirty = False
+        return got
+
+    def _read_dump(self, nonce: str, deadline: float) -> tuple[str, str, str]:
+        mark = _MARK + nonce.encode()
+        self._read_until(mark + b":C", deadline, None)
+        parts: list[bytes] = []
+        self._read_until(mark + b":W", deadline, parts.append)
+        cwd = self._take_fields(1, deadline)[0]
+        self._read_until(mark + b":E\n", deadline, None)
+        return (
+            b"".join(parts).decode("utf-8", "surrogateescape"),
+            f"#hermes-state:{nonce}",
+            cwd.decode("utf-8", "surrogateescape"),
+        )
+
+    # -- the end ---------------------------------------------------------------
+    def quit(self, timeout: float = 10.0) -> bytes:
+        """End the server as ``exit`` would (the user's EXIT trap runs); returns what it printed."""
+        out: list[bytes] = []
+        try:
+            self._send(b"builtin exit 0\n")
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                out.append(self._buf)
+                self._buf = b""
+                data = self._next(max(deadline - time.monotonic(), 0.01))
+                if data is not None:
+                    self._buf += data
+        except ServerLost:
+            pass
+        except TimeoutError:
+            pass
+        finally:
+            self.close()
+        return b"".join(out)
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            _log.debug("%s: closing the stream failed", self.label, exc_info=True)
+
+
+# Signals every process of the command's tree: the server's descendants that
+# started after the command did (earlier background jobs are left alone), read
+# again before each round; with ``server`` the server itself too (it is
+# stopped first, so that no further statement of the command runs).
+KILL_PROGRAM = r"""
+__k_main() {
+local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now
+local -A kids seen
+local -a todo all
+[[ $sig == KILL ]] && rounds=20
+IFS=' ' read -r up _ </proc/uptime
+now=${up%.*}${up#*.}
+((server)) && kill -STOP "$pid" 2>/dev/null
+while ((rounds--)); do
+  kids=() seen=() todo=() all=()
+  for p in /proc/[0-9]*; do
+    IFS= read -r s 2>/dev/null <"$p/stat" || continue
+    s=${s##*) }
+    set -- $s
+    [[ $1 == Z ]] && continue
+    kids[$2]+=" ${p#/proc/}:${20}"
+  done
+  todo=(${kids[$pid]})
+  while ((${#todo[@]})); do
+    f=${todo[0]}; todo=("${todo[@]:1}")
+    p=${f%%:*}
+    [[ -n ${seen[$p]} ]] && continue
+    seen[$p]=1
+    # started after the command did (start time in clock ticks, 100 a second)
+    if (( 10#${f#*:} >= 10#$now - since )); then all+=("$p"); todo+=(${kids[$p]}); fi
+  done
+  ((${#all[@]})) || break
+  [[ $sig == 0 ]] && break
+  kill -STOP "${all[@]}" 2>/dev/null
+  kill "-$sig" "${all[@]}" 2>/dev/null
+  kill -CONT "${all[@]}" 2>/dev/null
+done
+((server == 2)) && kill -KILL "$pid" 2>/dev/null
+printf 'killed %d\n' "${#all[@]}"
+}
+"""
+
+
+def kill_request(pid: int, sig: str, since_ticks: int, *, server: int) -> str:
+    """The script for a second stream that signals a command's tree (see ``KILL_PROGRAM``)."""
+    return f"{KILL_PROGRAM}__k_main {int(pid)} {shlex.quote(sig)} {int(since_ticks)} {int(server)}\n"

@@ -1,0 +1,383 @@
+"""Runs an environment's commands through its session server, one at a time.
+
+Owns the server, the checkpoint (refreshed while the session is idle, never
+on a command's path), the out-of-band kill on a second stream, and recovery:
+a lost server is replaced at the next command by a new one that gets the
+checkpoint (or the state an exiting command handed back), with a note.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
+from .channel import BOOT_ARGV as SCRIPT_ARGV
+from .channel import ChannelStream
+from .output import OutputCapture
+from .server import ServerLost, ServerReport, SessionServer, kill_request
+from .session import SessionState, ShellSession, StateParseError, may_exit, parse_state_dump
+
+__all__ = ["ServerRun", "ServerRunner"]
+
+_log = logging.getLogger(__name__)
+_POLL_S = 0.02
+_IDLE_CHECKPOINT_S = 0.15
+_DRAIN_S = 2.0
+
+
+@dataclass
+class ServerRun:
+    """What one command through the server came to."""
+
+    report: ServerReport | None
+    timed_out: bool = False
+    interrupted: bool = False
+    cpu: tuple[float, float] | None = None
+    notes: tuple[str, ...] = ()
+
+
+class _Control:
+    """A second stream to a bash in the target that signals a command's tree."""
+
+    _PROGRAM = "while IFS=' ' read -r a b c d; do __k_main \"$a\" \"$b\" \"$c\" \"$d\"; done\n"
+
+    def __init__(self, opener: Callable[[Sequence[str]], ChannelStream]) -> None:
+        from .server import KILL_PROGRAM
+
+        self._stream = opener(SCRIPT_ARGV)
+        program = (KILL_PROGRAM + self._PROGRAM).encode()
+        self._stream.write(f"{len(program)}\n".encode() + program)
+        self._buf = b""
+
+    def signal(self, pid: int, sig: str, since_ticks: int, *, server: int) -> int:
+        """Signal the tree (``server``: 1 stops the server first, 2 also kills it); how many were found."""
+        self._stream.write(f"{pid} {sig} {since_ticks} {server}\n".encode())
+        while b"\n" not in self._buf.partition(b"killed ")[2]:
+            data = self._stream.read(4096)
+            if not data:
+                raise BackendError("the kill stream ended")
+            self._buf += data
+        _, _, rest = self._buf.partition(b"killed ")
+        line, _, self._buf = rest.partition(b"\n")
+        return int(line) if line.isdigit() else 0
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class ServerRunner:
+    """The session server of one environment."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        opener: Callable[[Sequence[str]], ChannelStream],
+        private_dir: str,
+        login: bool,
+        init: str,
+        default_cwd: str | None,
+        excluded_prefixes: Sequence[str],
+        env_id: str,
+        note: Callable[[str], None],
+    ) -> None:
+        self.label = label
+        self._opener = opener
+        self.private_dir = private_dir
+        self._login = login
+        self._init = init
+        self._note = note
+        self._lock = threading.Lock()
+        self._server: SessionServer | None = None
+        self._control: _Control | None = None
+        self._commands = 0  # commands run in this session
+        self._checkpoint_of = 0  # the command whose state the checkpoint holds
+        self._lost: str | None = None
+        self._flags = ""
+        self._cpu: tuple[float, float] | None = None
+        self._closed = False
+        self.session = ShellSession(
+            state_dir=private_dir, default_cwd=default_cwd, excluded_prefixes=excluded_prefixes, env_id=env_id
+        )
+        self._idle = threading.Condition()
+        self._last_end = 0.0
+        self._idle_thread: threading.Thread | None = None
+
+    # -- the server --------------------------------------------------------------
+    def _boot(self) -> SessionServer:
+        return SessionServer(
+            self._opener, private_dir=self.private_dir, login=self._login, label=self.label, init=self._init
+        )
+
+    def _ensure(self) -> SessionServer:
+        """The live server (caller holds the lock): boot, or replace a lost one."""
+        server = self._server
+        if server is not None and server.alive:
+            return server
+        first = server is None and self.session.baseline is None
+        handover = server.handover if server is not None else None
+        why: str | None = None
+        if server is not None:
+            server.close()
+            self._server = None
+            why = self._lost or "the session server ended"
+        server = self._boot()
+        self._server = server
+        self._cpu = None
+        if first:
+            dump, sep, cwd = server.checkpoint()
+            state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None)
+            self.session.set_baseline(state)
+            state = self.session.interactive_defaults(state)
+            self.session.set_state(state)
+            if state.cwd and state.cwd != cwd:
+                self._restore(server, state)
+            self._checkpoint_of = 0
+            return server
+        # A replacement: the state the last command handed back, else the checkpoint.
+        source = f"the checkpoint taken after command {self._checkpoint_of}"
+        if handover is not None:
+            try:
+                state = parse_state_dump(
+                    handover[0], handover[1], self.session.excluded_prefixes, handover[2] or None,
+                    names_from=self.session.baseline,
+                )
+                self.session.set_state(state)
+                source = f"the state command {self._commands} reached"
+                why = None
+            except StateParseError as exc:
+                _log.debug("%s: hand-over state unreadable: %s", self.label, exc)
+        state = self.session.state
+        if state is not None:
+            self._restore(server, state)
+        if why is not None:
+            self._note(f"{why}; a new session server was started with {source}")
+        self._lost = None
+        return server
+
+    def _restore(self, server: SessionServer, state: SessionState) -> None:
+        last = state.last_arg if state.last_arg is not None else "''"
+        script = self.session.restore_script(
+            f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last}"
+        )
+        nonce = server.send_command(script, cwd=None, stdin=None)
+        deadline = time.monotonic() + 60.0
+        server.wait_started(nonce, deadline)
+        out: list[bytes] = []
+        report = server.read_output(nonce, out.append, poll_s=0.5, should_stop=lambda: time.monotonic() > deadline)
+        if report is None:
+            raise EnvironmentUnavailable(f"{self.label}: restoring the session state in a new server timed out")
+        server.dirty = False
+
+    # -- commands ------------------------------------------------------------------
+    def run(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        stdin: bytes | None,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        closing: threading.Event,
+        capture: OutputCapture,
+        kill_grace_s: float,
+    ) -> ServerRun:
+        while not self._lock.acquire(timeout=_POLL_S):
+            if closing.is_set():
+                raise EnvironmentClosedError(f"{self.label}: the environment was closed")
+            if cancel is not None and cancel.is_set():
+                return ServerRun(None, interrupted=True, notes=("cancelled before it started: another command was running",))
+        try:
+            if self._closed:
+                raise EnvironmentClosedError(f"{self.label}: the environment is closed")
+            return self._run_locked(command, cwd, stdin, timeout, cancel, closing, capture, kill_grace_s)
+        finally:
+            self._last_end = time.monotonic()
+            self._lock.release()
+            self._wake_idle()
+
+    def _run_locked(
+        self,
+        command: str,
+        cwd: str | None,
+        stdin: bytes | None,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        closing: threading.Event,
+        capture: OutputCapture,
+        kill_grace_s: float,
+    ) -> ServerRun:
+        for attempt in (0, 1):
+            server = self._ensure()
+            exits = may_exit(command, self.session.state) or "e" in self._flags
+            try:
+                nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits)
+                break
+            except ServerLost as exc:
+                # Found dead as the command was sent: it never ran; once more on a new server.
+                self._lost = str(exc)
+                if attempt:
+                    raise
+        self._commands += 1
+        started = time.monotonic()
+        deadline = started + timeout if timeout else None
+        reason: str | None = None
+
+        def should_stop() -> bool:
+            nonlocal reason
+            if (cancel is not None and cancel.is_set()) or closing.is_set():
+                reason = "cancel"
+            elif deadline is not None and time.monotonic() >= deadline:
+                reason = "timeout"
+            return reason is not None
+
+        report: ServerReport | None = None
+        try:
+            try:
+                server.wait_started(nonce, deadline if deadline is not None else time.monotonic() + 3600.0)
+            except TimeoutError:
+                should_stop()
+            if reason is None:
+                report = server.read_output(nonce, capture.feed, poll_s=_POLL_S, should_stop=should_stop)
+        except ServerLost as exc:
+            self._lost = "the session server ended during the command"
+            if server.handover is None:
+                raise BackendError(
+                    f"{self.label}: the session server was lost during the command ({exc}); "
+                    "the next command starts a new one from the checkpoint"
+                ) from exc
+        except BaseException:
+            # on_output raised, or the caller was interrupted: the command must not outlive the call.
+            self._stop(server, started, kill_grace_s)
+            raise
+        notes: list[str] = []
+        if report is None and reason is not None:
+            self._stop(server, started, kill_grace_s, sink=capture.feed)
+            self._lost = (
+                f"the command {'timed out' if reason == 'timeout' else 'was cancelled'}, which stopped the session "
+                "server (background jobs it had started keep running, outside the job table)"
+            )
+            return ServerRun(None, timed_out=reason == "timeout", interrupted=reason == "cancel", notes=tuple(notes))
+        assert report is not None
+        self._flags = report.flags
+        cpu = None
+        if report.cpu_times is not None:
+            if self._cpu is not None:
+                cpu = (max(report.cpu_times[0] - self._cpu[0], 0.0), max(report.cpu_times[1] - self._cpu[1], 0.0))
+            self._cpu = report.cpu_times
+        if cwd is None:
+            self.session.note_cwd(report.cwd)
+        if server.handover is not None:
+            self._lost = "the command ended the shell"
+        return ServerRun(report, cpu=cpu, notes=tuple(notes))
+
+    def _stop(
+        self, server: SessionServer, started: float, grace: float, sink: Callable[[bytes], None] | None = None
+    ) -> None:
+        """Freeze the server, end the command's tree (TERM, then KILL after the grace), end the server."""
+        since = int((time.monotonic() - started) * 100) + 5
+        try:
+            if self._control is None:
+                self._control = _Control(self._opener)
+            left = self._control.signal(server.pid, "TERM", since, server=1)
+            end = time.monotonic() + grace
+            while left and time.monotonic() < end:
+                time.sleep(_POLL_S)
+                left = self._control.signal(server.pid, "0", since, server=1)
+            self._control.signal(server.pid, "KILL", since, server=2)
+        except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
+            _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+        if not _drain(server, sink):
+            server.close()
+
+    # -- checkpoint while idle ---------------------------------------------------------
+    def _wake_idle(self) -> None:
+        if self._idle_thread is None:
+            self._idle_thread = threading.Thread(target=self._idle_loop, name=f"{self.label}-checkpoint", daemon=True)
+            self._idle_thread.start()
+        with self._idle:
+            self._idle.notify_all()
+
+    def _idle_loop(self) -> None:
+        while not self._closed:
+            with self._idle:
+                self._idle.wait(5.0)
+            while not self._closed:
+                wait = self._last_end + _IDLE_CHECKPOINT_S - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                    continue
+                break
+            if self._closed or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                self._refresh()
+            except Exception as exc:  # noqa: BLE001 - the next command finds out
+                _log.debug("%s: checkpoint failed: %r", self.label, exc)
+            finally:
+                self._lock.release()
+
+    def _refresh(self) -> None:
+        server = self._server
+        if server is None or not server.alive or not server.dirty:
+            return
+        dump, sep, cwd = server.checkpoint(timeout=15.0)
+        state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None, names_from=self.session.baseline)
+        self.session.set_state(state)
+        self._checkpoint_of = self._commands
+
+    def current_session(self) -> ShellSession:
+        """The session with its checkpoint up to date (for processes started outside ``execute``)."""
+        with self._lock:
+            if not self._closed:
+                self._ensure()
+                self._refresh()
+        return self.session
+
+    # -- the end ------------------------------------------------------------------------
+    def close(self) -> bytes:
+        """End the server as ``exit`` would (the user's EXIT trap runs); returns what it printed."""
+        with self._lock:
+            self._closed = True
+            with self._idle:
+                self._idle.notify_all()
+            out = b""
+            if self._server is not None and self._server.alive:
+                out = self._server.quit()
+            elif self._server is not None:
+                self._server.close()
+            self._server = None
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+            return out
+
+
+def _drain(server: SessionServer, sink: Callable[[bytes], None] | None) -> bool:
+    """Read what a stopped server still had in flight, until its stream ends."""
+    end = time.monotonic() + _DRAIN_S
+    try:
+        while time.monotonic() < end:
+            data = server._next(max(end - time.monotonic(), 0.01))  # noqa: SLF001 - same module family
+            if data is not None and sink is not None:
+                sink(data)
+    except ServerLost:
+        return True
+    return False
+
+
+def private_dir_in(parent: str) -> str:
+    """An unguessable path for a session's private directory inside ``parent``."""
+    return posixpath.join(parent, "hermes-env-" + secrets.token_hex(16))
