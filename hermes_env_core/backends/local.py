@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -29,6 +29,7 @@ from pydantic import Field, field_validator
 from ..environment.base import BaseEnvironment
 from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
+from ..environment.server import BOOT_ARGV as SERVER_ARGV
 from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
@@ -256,6 +257,8 @@ class LocalEnvironment(BaseEnvironment):
         env.update(cfg.env)
         self._env = env
         self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
+        self._server_groups: tuple[Any, ...] = ()
+        self._oom_before: int | None = None
         # An environment never closed still leaves nothing behind when it is collected or at exit.
         self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
 
@@ -275,9 +278,18 @@ class LocalEnvironment(BaseEnvironment):
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
+        args = [self._bash, *argv[1:]]
+        if tuple(argv) == SERVER_ARGV:
+            # The session server gets a cgroup of its own (where one can be made): a command's
+            # setsid descendants stay in it, and its memory is counted per command.
+            self._server_groups = tuple(
+                g for g in (_new_cgroup() if self.config.cgroup else None, MemoryCgroup.make()) if g is not None  # type: ignore[attr-defined]
+            )
+            join = "".join(f"builtin echo 0 >{shlex.quote(g.procs)} 2>/dev/null; " for g in self._server_groups)
+            args = [self._bash, "-c", join + argv[2]]
         try:
             proc = subprocess.Popen(
-                [self._bash, *argv[1:]],
+                args,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -308,8 +320,30 @@ class LocalEnvironment(BaseEnvironment):
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
 
+    def _command_begin(self) -> None:
+        for g in self._server_groups:
+            if isinstance(g, MemoryCgroup):
+                g.reset_peak()
+                self._oom_before = g.oom_kills()
+
+    def _command_usage(self) -> Usage | None:
+        for g in self._server_groups:
+            if isinstance(g, MemoryCgroup):
+                kills = g.oom_kills()
+                return Usage(
+                    max_rss_bytes=g.peak(),
+                    oom_killed=None if kills is None else kills > (self._oom_before or 0),
+                )
+        return None
+
     def cleanup(self) -> None:
         self._dir_finalizer()
+        groups, self._server_groups = self._server_groups, ()
+        for g in groups:
+            if isinstance(g, MemoryCgroup):
+                g.release()
+            else:
+                g.release(keep_alive=False)
 
 
 def start_bash(

@@ -184,6 +184,13 @@ class BaseEnvironment(abc.ABC):
         """
         return None
 
+    def _command_begin(self) -> None:
+        """Hook: a command is about to go to the session server (reset per-command counters)."""
+
+    def _command_usage(self) -> Usage | None:
+        """Hook: what the target measured of the command that just ended (peak memory, OOM kills)."""
+        return None
+
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
         return any(r.has_live(self) for r in list(self._process_registries))
@@ -257,10 +264,12 @@ class BaseEnvironment(abc.ABC):
                 raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
             self._running += 1
         try:
+            self._command_begin()
             run = runner.run(
                 command, cwd=cwd, stdin=data, timeout=eff_timeout, cancel=cancel, closing=self._closing,
                 capture=capture, kill_grace_s=self.config.kill_grace_s,
             )
+            measured = self._command_usage()
         finally:
             with self._running_cv:
                 self._running -= 1
@@ -283,6 +292,10 @@ class BaseEnvironment(abc.ABC):
                 "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
             )
         usage = Usage(cpu_user_s=run.cpu[0], cpu_system_s=run.cpu[1]) if run.cpu else Usage()
+        if measured is not None:
+            usage = measured.merged(usage)
+        if run.notes_dir_recreated:
+            notes.append("the session's private state directory had been removed; it was recreated")
         probe = _Run()
         probe.timed_out, probe.interrupted = run.timed_out, run.interrupted
         reason, sig = _end_reason(probe, exit_code, usage)

@@ -76,6 +76,7 @@ class ServerReport:
     cwd: str
     cpu_times: tuple[float, float] | None  # cumulative (user, system) of the server and its children
     flags: str = ""  # ``$-`` after the command
+    dir_recreated: bool = False  # the command removed the private directory; the server made it again
 
 
 _TIME_RE = re.compile(rb"(\d+)m([\d.]+)s")
@@ -90,33 +91,43 @@ def _parse_times(text: bytes) -> tuple[float, float] | None:
 
 # The per-command lines. {n1}/{n2} are byte counts, {nonce} the report's secret.
 _L1 = (
-    "{{ IFS= builtin read -r -N {n1} -u 255 __hermes_c; __hermes_ok=1; "
-    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' || __hermes_ok=; '
-    "builtin unset -f __hermes_k; }} 2>/dev/null\n"
+    "{ IFS= builtin read -r -d '' -u 255 __hermes_c; __hermes_ok=1; "
+    'builtin eval "__hermes_k() { :;$__hermes_c"$\'\\n}\' || { __hermes_ok=; builtin eval :; }; '
+    "builtin unset -f __hermes_k; } 2>/dev/null\n"
+)
+# The one-off working directory cannot be entered: say so, skip the command, report 126.
+_CWD_FAIL = (
+    "elif __hermes_ow=$PWD __hermes_oo=${{OLDPWD-}}; ! builtin cd -- {q} 2>/dev/null; then builtin printf '\\036{nonce}:S\\n'; "
+    "builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q}; "
+    "while IFS= builtin read -r -u 255 __hermes_c && [[ $__hermes_c != '#{nonce}' ]]; do :; done; "
+    "__hermes_r=126 __hermes_l=; builtin unset -v __hermes_ow __hermes_oo; "
+    "builtin printf '\\036{nonce}:X%d\\0%s\\0' 126 \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; "
 )
 # On a syntax error: bash's own message, as ``bash -c`` words it.
 _SYNTAX = (
     "__hermes_n=$LINENO; "
-    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' 2>|{errf}; builtin unset -f __hermes_k; '
+    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' 2>|{errf}; builtin eval :; builtin unset -f __hermes_k; '
     "builtin printf '\\036{nonce}:S\\n'; "
-    "while IFS= builtin read -r __hermes_c; do "
-    "if [[ $__hermes_c =~ ^bash:\\ eval:\\ line\\ ([0-9]+):\\ (.*)$ ]]; then "
+    "__hermes_re='^bash: eval: line ([0-9]+): (.*)$'; while IFS= builtin read -r __hermes_c; do "
+    "if [[ $__hermes_c =~ $__hermes_re ]]; then "
     "__hermes_c=${{BASH_REMATCH[2]}}; "
     "builtin printf 'bash: -c: line %d: %s\\n' $((BASH_REMATCH[1] - __hermes_n + 1)) \"${{__hermes_c/#\\`__hermes_k() {{ :;/\\`}}\"; "
     "else builtin printf '%s\\n' \"$__hermes_c\"; fi; done <{errf}; "
-    "IFS= builtin read -r -N {skip} -u 255 __hermes_c; __hermes_r=2 __hermes_l=; builtin unset -v __hermes_n; "
+    "while IFS= builtin read -r -u 255 __hermes_c && [[ $__hermes_c != '#{nonce}' ]]; do :; done; "
+    "__hermes_r=2 __hermes_l=; builtin unset -v __hermes_n __hermes_re; "
     "builtin printf '\\036{nonce}:X%d\\0%s\\0' 2 \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; "
 )
 _L2 = (
-    "{{ if [[ -z $__hermes_ok ]]; then {syntax}else {pre}builtin printf '\\036{nonce}:S\\n'; fi; "
+    "{{ if [[ -z $__hermes_ok ]]; then {syntax}{cwdfail}else {pre}builtin printf '\\036{nonce}:S\\n'; fi; "
     "builtin unset -v __hermes_c __hermes_ok; "
     "__hermes_t() {{ builtin unset -f __hermes_t; builtin unset -v __hermes_r __hermes_l; return $1; }}; "
     'if ((__hermes_r)); then __hermes_t "$__hermes_r" "$__hermes_l" && :; '
     'else __hermes_t 0 "$__hermes_l"; fi; }} 2>/dev/null\n'
 )
 _L3 = (
-    "{{ __hermes_r=$? __hermes_l=$_; {post}builtin printf '\\036{nonce}:X%d\\0%s\\0' \"$__hermes_r\" \"$PWD\"; "
-    "builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; }} 2>/dev/null\n"
+    "{{ __hermes_r=$? __hermes_l=$_; {post}[[ -d {dir} ]] || {{ (builtin umask 077; command mkdir -m 700 -- {dir}); "
+    "__hermes_r+=' r'; }}; builtin printf '\\036{nonce}:X%s\\0%s\\0' \"$__hermes_r\" \"$PWD\"; "
+    "__hermes_r=${{__hermes_r% r}}; builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; }} 2>/dev/null\n"
 )
 
 # The checkpoint: the sections ``session.parse_state_dump`` reads, between marks.
@@ -150,6 +161,16 @@ _EXIT_TRAP = (
     "{{ {dump}; }} 2>/dev/null; "
     "builtin printf '\\036{nonce}:X%d\\0%s\\0' \"$__hermes_r\" \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\""
 )
+
+
+def _safe_cut(buf: bytes, mark: bytes) -> int:
+    """How much of ``buf`` is output for sure: all but a tail that may be the start of ``mark``."""
+    i = buf.rfind(_MARK, max(len(buf) - len(mark) + 1, 0))
+    while i >= 0:
+        if mark.startswith(buf[i:]):
+            return i
+        i = buf.rfind(_MARK, max(len(buf) - len(mark) + 1, 0), i)
+    return len(buf)
 
 
 class SessionServer:
@@ -315,24 +336,23 @@ class SessionServer:
         if stdin is not None:
             pre.append(stdin_statement(stdin))
             post.append("builtin exec 0</dev/null")
+        cwdfail = ""
         if cwd is not None:
             q = quote_dir(cwd)
-            pre.append(
-                "__hermes_ow=$PWD __hermes_oo=${OLDPWD-}; "
-                f"builtin cd -- {q} || {{ builtin printf 'hermes-env: cannot enter working directory: %s\\n' {q} >&2; }}"
-            )
+            cwdfail = _CWD_FAIL.format(q=q, nonce=nonce)
             post.append(
                 'builtin cd -- "$__hermes_ow"; OLDPWD=$__hermes_oo; builtin unset -v __hermes_ow __hermes_oo'
             )
         pre_text = "".join(p + "\n" if p.startswith("exec 0<<") or "\n" in p else p + "; " for p in pre)
-        l3 = _L3.format(nonce=nonce, post="".join(p + "; " for p in post)).encode()
+        l3 = _L3.format(nonce=nonce, post="".join(p + "; " for p in post), dir=shlex.quote(self.private_dir)).encode()
         c2 = body + b"\n"
         errf = shlex.quote(self.private_dir + "/err")
-        syntax = _SYNTAX.format(nonce=nonce, errf=errf, skip=len(c2) + len(l3))
-        l2 = _L2.format(nonce=nonce, syntax=syntax, pre=pre_text).encode("utf-8", "surrogateescape")
-        l1 = _L1.format(n1=len(body)).encode()
+        syntax = _SYNTAX.format(nonce=nonce, errf=errf)
+        l2 = _L2.format(nonce=nonce, syntax=syntax, pre=pre_text, cwdfail=cwdfail).encode("utf-8", "surrogateescape")
+        # The first copy ends at a NUL (a command never holds one); after the report,
+        # a comment line that a command skipped for its syntax error reads up to.
         self.dirty = True
-        self._send(l1 + body + l2 + c2 + l3)
+        self._send(_L1.encode() + body + b"\0" + l2 + c2 + l3 + f"#{nonce}\n".encode())
         return nonce
 
     def wait_started(self, nonce: str, deadline: float) -> None:
@@ -371,23 +391,22 @@ class SessionServer:
                     self._buf += data
                 if self._buf.startswith(b"\n"):
                     self._buf = self._buf[1:]
+                rc, _, extra = rc.partition(b" ")
                 return ServerReport(
+                    dir_recreated=extra == b"r",
                     exit_code=int(rc) if rc.isdigit() else 1,
                     cwd=cwd.decode("utf-8", "surrogateescape"),
                     cpu_times=_parse_times(times),
                     flags=flags.decode(errors="replace"),
                 )
-            keep = len(report_mark) - 1
-            if len(self._buf) > keep:
-                cut = len(self._buf) - keep
-                # Never pass on the start of what may be a mark.
-                k = self._buf.rfind(_MARK, cut - keep if cut > keep else 0, cut)
-                if k >= 0:
-                    cut = k
-                if cut:
-                    sink(self._buf[:cut])
-                    self._buf = self._buf[cut:]
+            cut = _safe_cut(self._buf, report_mark)
+            if cut:
+                sink(self._buf[:cut])
+                self._buf = self._buf[cut:]
             if should_stop():
+                if self._buf:
+                    sink(self._buf)  # the command is being stopped: all of it is output
+                    self._buf = b""
                 return None
             data = self._next(poll_s)
             if data is not None:

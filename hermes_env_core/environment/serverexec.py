@@ -41,6 +41,10 @@ class ServerRun:
     cpu: tuple[float, float] | None = None
     notes: tuple[str, ...] = ()
 
+    @property
+    def notes_dir_recreated(self) -> bool:
+        return self.report is not None and self.report.dir_recreated
+
 
 class _Control:
     """A second stream to a bash in the target that signals a command's tree."""
