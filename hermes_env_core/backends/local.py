@@ -110,6 +110,11 @@ class LocalConfig(EnvironmentConfig):
         description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
         "timeout, cancel or close stops every process it started.",
     )
+    login: bool = Field(
+        False,
+        description="Start the session as a login shell: the profile (/etc/profile, ~/.profile) then forms "
+        "PATH and the environment, replacing the caller's.",
+    )
     channel: bool = Field(
         default_factory=lambda: channel_default(True),
         description="Run commands in the session server, a resident bash child (HERMES_ENV_CHANNEL=0: one bash "
@@ -266,8 +271,8 @@ class LocalEnvironment(BaseEnvironment):
         return self._dir
 
     def _server_login(self) -> bool:
-        # The caller's environment, PATH and an activated virtualenv included, as it is.
-        return False
+        # By default the caller's environment, PATH and an activated virtualenv included, as it is.
+        return bool(self.config.login)  # type: ignore[attr-defined]
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None

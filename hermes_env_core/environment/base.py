@@ -211,6 +211,11 @@ class BaseEnvironment(abc.ABC):
         return self._session
 
     # -- the session server ------------------------------------------------------
+    @property
+    def session_mode(self) -> str:
+        """``server`` (the session lives in a server in the target) or ``process`` (one bash per command)."""
+        return "server" if self._uses_server() else "process"
+
     def _uses_server(self) -> bool:
         """Commands go through a session server in the target (a stream to one is offered and not turned off)."""
         return bool(self.config.channel) and self.offers_channel
@@ -306,7 +311,7 @@ class BaseEnvironment(abc.ABC):
             interrupted=run.interrupted,
             truncated=cap.truncated,
             cwd=run.report.cwd if run.report is not None and cwd is None else (session.cwd if cwd is None else cwd),
-            duration_s=time.monotonic() - started,
+            duration_s=time.monotonic() - (run.started or started),
             output_path=cap.spill_path,
             dropped_bytes=cap.dropped_bytes,
             notes=tuple(notes),

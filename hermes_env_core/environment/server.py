@@ -55,6 +55,7 @@ BOOT_ARGV: tuple[str, ...] = (
     '[ -e "$__d" ] || (umask 077; mkdir -m 700 -- "$__d") 2>/dev/null; '
     'if [ -d "$__d" ] && [ -O "$__d" ] && [ ! -L "$__d" ] && cd -P -- "$__d"; then '
     '{ [ -L bash ] || command ln -s /dev/fd/3 bash; } 2>/dev/null; [ -L bash ] && __b=bash || __b=/dev/fd/3; '
+    'if [ -n "$__l" ]; then bash -l -c : </dev/null >/dev/null 2>&1 || { printf "\\036login-failed %d\\n" $?; __l=; }; fi; '
     'SHLVL=$((SHLVL - 1)) __hermes_start=$__s exec bash $__l "$__b" 3<&0 0</dev/null 2>&1; fi; '
     'printf "\\036private state directory %s is not usable\\n" "$__d"; exit 125',
 )
@@ -106,7 +107,7 @@ _CWD_FAIL = (
 # On a syntax error: bash's own message, as ``bash -c`` words it.
 _SYNTAX = (
     "__hermes_n=$LINENO; "
-    'builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' 2>|{errf}; builtin eval :; builtin unset -f __hermes_k; '
+    '(builtin umask 077; builtin eval "__hermes_k() {{ :;$__hermes_c"$\'\\n}}\' 2>|{errf}); '
     "builtin printf '\\036{nonce}:S\\n'; "
     "__hermes_re='^bash: eval: line ([0-9]+): (.*)$'; while IFS= builtin read -r __hermes_c; do "
     "if [[ $__hermes_c =~ $__hermes_re ]]; then "
@@ -303,6 +304,8 @@ class SessionServer:
             if data is not None:
                 self._buf += data
         line, _, self._buf = self._buf.partition(b"\n")
+        m = re.search(rb"\x1elogin-failed (\d+)", b"".join(noise))
+        self.login_failed = int(m.group(1)) if m else None
         pid, _, version = line.decode(errors="replace").partition(" ")
         self.pid = int(pid) if pid.isdigit() else 0
         self.bash_version = version
@@ -471,12 +474,13 @@ class SessionServer:
 # stopped first, so that no further statement of the command runs).
 KILL_PROGRAM = r"""
 __k_main() {
-local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now
+local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now cg mycg
 local -A kids seen
 local -a todo all
 [[ $sig == KILL ]] && rounds=20
 IFS=' ' read -r up _ </proc/uptime
 now=${up%.*}${up#*.}
+IFS= read -r -d '' cg <"/proc/$pid/cgroup" 2>/dev/null
 ((server)) && kill -STOP "$pid" 2>/dev/null
 while ((rounds--)); do
   kids=() seen=() todo=() all=()
@@ -486,12 +490,17 @@ while ((rounds--)); do
     set -- $s
     [[ $1 == Z ]] && continue
     kids[$2]+=" ${p#/proc/}:${20}"
+    # An orphan of the server's cgroup that started during the command (setsid, double fork).
+    if [[ $2 == 1 && -n $cg ]] && (( 10#${20} >= 10#$now - since )) && [[ ${p#/proc/} != "$pid" ]]; then
+      mycg=; IFS= read -r -d '' mycg <"$p/cgroup" 2>/dev/null
+      [[ $mycg == "$cg" ]] && todo+=("${p#/proc/}:${20}")
+    fi
   done
-  todo=(${kids[$pid]})
+  todo+=(${kids[$pid]})
   while ((${#todo[@]})); do
     f=${todo[0]}; todo=("${todo[@]:1}")
     p=${f%%:*}
-    [[ -n ${seen[$p]} ]] && continue
+    [[ -n ${seen[$p]} || $p == "$$" || $p == "$BASHPID" ]] && continue
     seen[$p]=1
     # started after the command did (start time in clock ticks, 100 a second)
     if (( 10#${f#*:} >= 10#$now - since )); then all+=("$p"); todo+=(${kids[$p]}); fi

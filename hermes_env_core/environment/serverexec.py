@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 import secrets
 import threading
 import time
@@ -40,6 +41,7 @@ class ServerRun:
     interrupted: bool = False
     cpu: tuple[float, float] | None = None
     notes: tuple[str, ...] = ()
+    started: float | None = None  # monotonic time the command was sent (setup and checkpoints before it excluded)
 
     @property
     def notes_dir_recreated(self) -> bool:
@@ -109,6 +111,8 @@ class ServerRunner:
         self._flags = ""
         self._cpu: tuple[float, float] | None = None
         self._closed = False
+        self._pending = False  # a checkpoint is due before the next command
+        self._start_error: str | None = None  # the configured directory that could not be entered
         self.session = ShellSession(
             state_dir=private_dir, default_cwd=default_cwd, excluded_prefixes=excluded_prefixes, env_id=env_id
         )
@@ -137,6 +141,8 @@ class ServerRunner:
         server = self._boot()
         self._server = server
         self._cpu = None
+        if first and server.login_failed is not None:
+            self._note(f"login shell start-up failed (exit {server.login_failed}); running without ~/.profile")
         if first:
             dump, sep, cwd = server.checkpoint()
             state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None)
@@ -145,6 +151,12 @@ class ServerRunner:
             self.session.set_state(state)
             if state.cwd and state.cwd != cwd:
                 self._restore(server, state)
+                got = self._refresh_cwd(server)
+                if got != state.cwd:
+                    # The configured directory cannot be entered: the first command says so.
+                    self._start_error = state.cwd
+                    self.session.set_state(SessionState(**{**state.__dict__, "cwd": got}))
+                    self.session.note_cwd(got)
             self._checkpoint_of = 0
             return server
         # A replacement: the state the last command handed back, else the checkpoint.
@@ -168,10 +180,20 @@ class ServerRunner:
         self._lost = None
         return server
 
+    def _refresh_cwd(self, server: SessionServer) -> str:
+        nonce = server.send_command(":", cwd=None, stdin=None)
+        deadline = time.monotonic() + 60.0
+        server.wait_started(nonce, deadline)
+        report = server.read_output(nonce, lambda b: None, poll_s=0.5, should_stop=lambda: time.monotonic() > deadline)
+        if report is None:
+            raise EnvironmentUnavailable(f"{self.label}: the new session server did not answer")
+        return report.cwd
+
     def _restore(self, server: SessionServer, state: SessionState) -> None:
         last = state.last_arg if state.last_arg is not None else "''"
         script = self.session.restore_script(
-            f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last}"
+            f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last}",
+            cd_fatal=False,
         )
         nonce = server.send_command(script, cwd=None, stdin=None)
         deadline = time.monotonic() + 60.0
@@ -220,8 +242,22 @@ class ServerRunner:
         capture: OutputCapture,
         kill_grace_s: float,
     ) -> ServerRun:
+        if self._pending:
+            # The last command may have changed the state and no idle moment came since:
+            # read it back now, so that a timeout of this one cannot lose it.
+            try:
+                self._refresh()
+            except (ServerLost, TimeoutError, StateParseError) as exc:
+                _log.debug("%s: checkpoint before the command failed: %r", self.label, exc)
         for attempt in (0, 1):
             server = self._ensure()
+            if self._start_error is not None:
+                bad, self._start_error = self._start_error, None
+                capture.feed(f"hermes-env: cannot enter working directory: {bad}\n".encode("utf-8", "surrogateescape"))
+                return ServerRun(
+                    ServerReport(exit_code=126, cwd=self.session.cwd or "", cpu_times=None),
+                    notes=(f"working directory {bad} is gone; session directory reset to {self.session.cwd}",),
+                )
             exits = may_exit(command, self.session.state) or "e" in self._flags
             try:
                 nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits)
@@ -270,9 +306,12 @@ class ServerRunner:
                 f"the command {'timed out' if reason == 'timeout' else 'was cancelled'}, which stopped the session "
                 "server (background jobs it had started keep running, outside the job table)"
             )
-            return ServerRun(None, timed_out=reason == "timeout", interrupted=reason == "cancel", notes=tuple(notes))
+            return ServerRun(
+                None, timed_out=reason == "timeout", interrupted=reason == "cancel", notes=tuple(notes), started=started
+            )
         assert report is not None
         self._flags = report.flags
+        self._pending = server.dirty and changes_state(command, self.session.state)
         cpu = None
         if report.cpu_times is not None:
             if self._cpu is not None:
@@ -282,22 +321,24 @@ class ServerRunner:
             self.session.note_cwd(report.cwd)
         if server.handover is not None:
             self._lost = "the command ended the shell"
-        return ServerRun(report, cpu=cpu, notes=tuple(notes))
+        return ServerRun(report, cpu=cpu, notes=tuple(notes), started=started)
 
     def _stop(
         self, server: SessionServer, started: float, grace: float, sink: Callable[[bytes], None] | None = None
     ) -> None:
         """Freeze the server, end the command's tree (TERM, then KILL after the grace), end the server."""
-        since = int((time.monotonic() - started) * 100) + 5
+        def since() -> int:  # clock ticks (1/100 s) back to the command's start, and a margin
+            return int((time.monotonic() - started) * 100) + 5
+
         try:
             if self._control is None:
                 self._control = _Control(self._opener)
-            left = self._control.signal(server.pid, "TERM", since, server=1)
+            left = self._control.signal(server.pid, "TERM", since(), server=1)
             end = time.monotonic() + grace
             while left and time.monotonic() < end:
                 time.sleep(_POLL_S)
-                left = self._control.signal(server.pid, "0", since, server=1)
-            self._control.signal(server.pid, "KILL", since, server=2)
+                left = self._control.signal(server.pid, "0", since(), server=1)
+            self._control.signal(server.pid, "KILL", since(), server=2)
         except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
             _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
             if self._control is not None:
@@ -341,6 +382,7 @@ class ServerRunner:
         state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None, names_from=self.session.baseline)
         self.session.set_state(state)
         self._checkpoint_of = self._commands
+        self._pending = False
 
     def current_session(self) -> ShellSession:
         """The session with its checkpoint up to date (for processes started outside ``execute``)."""
@@ -367,6 +409,27 @@ class ServerRunner:
                 self._control.close()
                 self._control = None
             return out
+
+
+# What can change a shell's own state (beyond the directory, which every report
+# carries): assignments, builtins that set something, sourcing, function calls.
+_CHANGES_RE = re.compile(
+    r"=|\b(export|unset|declare|typeset|local|readonly|alias|unalias|set|shopt|trap|ulimit|umask|source|eval|"
+    r"exec|hash|pushd|popd|cd|enable|shift|getopts|read|mapfile|readarray|let|printf|function|builtin|command|"
+    r"complete|history|fc|bind|wait|disown|kill|jobs|fg|bg)\b|(^|[;&|(\s])\.\s|\(\)|\(\(|&"
+)
+
+
+def changes_state(command: str, state: SessionState | None) -> bool:
+    """Whether ``command`` may change the shell's state (conservative: a false yes costs one checkpoint)."""
+    if _CHANGES_RE.search(command):
+        return True
+    if state is None:
+        return True
+    words = set(re.findall(r"[\w.:+-]+", command))
+    return bool(words & set(state.function_names)) or any(
+        f"alias {w}=" in state.aliases for w in words
+    )
 
 
 def _drain(server: SessionServer, sink: Callable[[bytes], None] | None) -> bool:
