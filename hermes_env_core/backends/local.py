@@ -331,7 +331,7 @@ class LocalEnvironment(BaseEnvironment):
                 g.reset_peak()
                 self._oom_before = g.oom_kills()
 
-    def _command_usage(self) -> Usage | None:
+    def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
         for g in self._server_groups:
             if isinstance(g, MemoryCgroup):
                 kills = g.oom_kills()

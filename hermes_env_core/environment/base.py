@@ -187,8 +187,14 @@ class BaseEnvironment(abc.ABC):
     def _command_begin(self) -> None:
         """Hook: a command is about to go to the session server (reset per-command counters)."""
 
-    def _command_usage(self) -> Usage | None:
-        """Hook: what the target measured of the command that just ended (peak memory, OOM kills)."""
+    def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
+        """Hook: what the target measured of the command that just ended (peak memory, OOM kills);
+        ``started`` is its wall-clock start. May add a note with ``_note``."""
+        return None
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        """Hook: the session server died during a command that started at ``started`` (wall clock).
+        (exit code, why) when the target can tell (the OOM killer: 137), else None (an infrastructure error)."""
         return None
 
     def _has_live_processes(self) -> bool:
@@ -244,6 +250,7 @@ class BaseEnvironment(abc.ABC):
                         excluded_prefixes=self.config.session_exclude_prefixes,
                         env_id=self.task_id,
                         note=self._note,
+                        explain_lost=lambda started: self._explain_lost(time.time() - (time.monotonic() - started)),
                     )
                 runner = self._runner
         return runner
@@ -270,11 +277,12 @@ class BaseEnvironment(abc.ABC):
             self._running += 1
         try:
             self._command_begin()
+            wall = time.time()
             run = runner.run(
                 command, cwd=cwd, stdin=data, timeout=eff_timeout, cancel=cancel, closing=self._closing,
                 capture=capture, kill_grace_s=self.config.kill_grace_s,
             )
-            measured = self._command_usage()
+            measured = self._command_usage(run.report.exit_code if run.report else None, wall)
         finally:
             with self._running_cv:
                 self._running -= 1

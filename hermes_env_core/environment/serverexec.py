@@ -95,8 +95,10 @@ class ServerRunner:
         excluded_prefixes: Sequence[str],
         env_id: str,
         note: Callable[[str], None],
+        explain_lost: Callable[[float], tuple[int, str] | None] | None = None,
     ) -> None:
         self.label = label
+        self._explain_lost = explain_lost
         self._opener = opener
         self.private_dir = private_dir
         self._login = login
@@ -290,6 +292,14 @@ class ServerRunner:
                 report = server.read_output(nonce, capture.feed, poll_s=_POLL_S, should_stop=should_stop)
         except ServerLost as exc:
             self._lost = "the session server ended during the command"
+            explained = self._explain_lost(started) if self._explain_lost is not None else None
+            if explained is not None and server.handover is None:
+                code, why = explained
+                self._lost = f"the session server ended during the command ({why})"
+                return ServerRun(
+                    ServerReport(exit_code=code, cwd=self.session.cwd or "", cpu_times=None),
+                    notes=(why,), started=started,
+                )
             if server.handover is None:
                 raise BackendError(
                     f"{self.label}: the session server was lost during the command ({exc}); "
@@ -360,7 +370,8 @@ class ServerRunner:
             with self._idle:
                 self._idle.wait(5.0)
             while not self._closed:
-                wait = self._last_end + _IDLE_CHECKPOINT_S - time.monotonic()
+                # Right away after a command that may have changed the state; else once idle.
+                wait = 0.0 if self._pending else self._last_end + _IDLE_CHECKPOINT_S - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
                     continue
