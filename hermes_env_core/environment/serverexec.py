@@ -295,7 +295,7 @@ class ServerRunner:
             explained = self._explain_lost(started) if self._explain_lost is not None else None
             if explained is not None and server.handover is None:
                 code, why = explained
-                self._lost = f"the session server ended during the command ({why})"
+                self._lost = f"the session server was killed with the command (exit {code})"
                 return ServerRun(
                     ServerReport(exit_code=code, cwd=self.session.cwd or "", cpu_times=None),
                     notes=(why,), started=started,
