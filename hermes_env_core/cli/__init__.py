@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import platform
+import signal
 import sys
 import traceback
 import warnings
@@ -24,6 +25,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from . import info, shell
+from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
     EXIT_FAILURE,
@@ -47,10 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)):
+    # mcp serves over asyncio and handles these signals itself (mcp.serve).
+    guard = None if args.func is mcp_cli.main else SignalGuard(keyboard_interrupt=_keyboard_interrupts(args))
+    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)), guard or contextlib.nullcontext():
         try:
-            return int(args.func(args))
+            status = int(args.func(args))
+        except SignalExit as exc:
+            return _stopped(exc.signum)
         except HermesEnvError as exc:
+            if guard is not None and guard.received is not None:
+                return _stopped(guard.received)
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return exit_status_of(exc)
         except KeyboardInterrupt:
@@ -66,6 +74,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             print(f"{PROG}: internal error (exit status {EXIT_FAILURE})", file=sys.stderr)
             return EXIT_FAILURE
+        if guard is not None and guard.received is not None:
+            return _stopped(guard.received)
+        return status
+
+
+def _keyboard_interrupts(args: argparse.Namespace) -> bool:
+    """In an interactive shell, Ctrl-C cancels the command and keeps the prompt, as in bash."""
+    return args.func is shell.cmd_shell and sys.stdin.isatty()
+
+
+def _stopped(signum: int) -> int:
+    """The status ``docker run`` gives when a signal stopped it: 128 + the signal's number."""
+    print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 
 def version_text() -> str:

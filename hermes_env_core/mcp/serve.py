@@ -29,6 +29,7 @@ log = logging.getLogger("hermes_env_core.mcp")
 
 PROG = "hermes-env mcp"
 _MAX_BODY = 4 * 1024 * 1024
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -65,8 +66,12 @@ def serve(args: argparse.Namespace) -> int:
     print(f"{PROG}: serving backend {backend} at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
     if not args.token_file:
         print(f"{PROG}: bearer token: {token}", file=sys.stderr, flush=True)
+    stopped_by: list[int] = []
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(_serve_http, table, sock, host, token, args.max_sessions, args.idle_timeout)
+        anyio.run(_serve_http, table, sock, host, token, args.max_sessions, args.idle_timeout, stopped_by)
+    if stopped_by:
+        print(f"{PROG}: stopped by {signal.Signals(stopped_by[0]).name}", file=sys.stderr, flush=True)
+        return 128 + stopped_by[0]
     return 0
 
 
@@ -79,9 +84,10 @@ async def _serve_stdio(table: SessionTable) -> None:
     async with anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
-            # SIGTERM/SIGHUP from the client or a supervisor: close the environment, do not orphan commands.
-            # Then exit at once: the SDK's stdin reader sits in a thread that no cancellation reaches.
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+            # SIGTERM/SIGHUP/SIGINT from the client or a supervisor: close the environment, do not orphan
+            # commands. Then exit at once with 128+signal (as docker run): the SDK's stdin reader sits in a
+            # thread that no cancellation reaches.
+            with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
                 async for signum in signals:
                     with anyio.CancelScope(shield=True):
                         await table.close_all()
@@ -117,9 +123,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def _serve_http(
-    table: SessionTable, sock: socket.socket, host: str, token: str, max_sessions: int, idle_timeout: float
+    table: SessionTable,
+    sock: socket.socket,
+    host: str,
+    token: str,
+    max_sessions: int,
+    idle_timeout: float,
+    stopped_by: list[int],
 ) -> None:
     import uvicorn
+
+    class _Server(uvicorn.Server):
+        def capture_signals(self) -> contextlib.nullcontext[None]:  # type: ignore[override]
+            return contextlib.nullcontext()  # ours, below: every signal, and the commands stop first
 
     server = build_server(table, http=True)
     app = server.streamable_http_app(
@@ -127,9 +143,22 @@ async def _serve_http(
     )
     guarded = SessionGuard(app, table, token=token, idle_timeout=idle_timeout)
     config = uvicorn.Config(guarded, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    userver = uvicorn.Server(config)
+    userver = _Server(config)
+
+    async def stop_on_signal() -> None:
+        # The running commands are cancelled and the environments closed before the HTTP side winds down,
+        # so no graceful-shutdown wait keeps a command running.
+        with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+            async for signum in signals:
+                if not stopped_by:
+                    stopped_by.append(int(signum))
+                    with anyio.CancelScope(shield=True):
+                        await table.close_all()
+                userver.should_exit = True
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(guarded.reap_idle)
+        tg.start_soon(stop_on_signal)
         try:
             await userver.serve(sockets=[sock])
         finally:
