@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import platform
+import shlex
 import signal
 import sys
 import traceback
@@ -123,7 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="after the output, print what the command cost (on stderr)")
     background_cli.add_run_arguments(p)
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="one word: a shell command line ('ls | wc -l'); several words: one program and its arguments, "
+        "passed as they are (python3 -c 'print(1)')",
     )
     p.set_defaults(func=_cmd_run)
     background_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
@@ -151,7 +156,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
-    command = words[0] if len(words) == 1 else " ".join(words)
+    # One word is a shell command line; several are one argv, quoted as docker exec takes them.
+    command = words[0] if len(words) == 1 else shlex.join(words)
     if not command.strip():
         raise UsageError("run: no command given")
     if getattr(args, "background", False):
