@@ -9,8 +9,10 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -23,12 +25,14 @@ from ..errors import HermesEnvError
 from ..factory import EnvironmentFactory
 from .server import SessionTable, build_server
 
-__all__ = ["serve"]
+__all__ = ["TOKEN_ENV_VAR", "serve"]
 
 log = logging.getLogger("hermes_env_core.mcp")
 
 PROG = "hermes-env mcp"
 _MAX_BODY = 4 * 1024 * 1024
+#: Where the bearer token may come from besides --token-file (never from the command line).
+TOKEN_ENV_VAR = "HERMES_ENV_MCP_TOKEN"
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -51,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
         anyio.run(_serve_stdio, table)
         return 0
     try:
-        token = _read_token(args.token_file) if args.token_file else secrets.token_urlsafe(32)
+        token, generated = _http_token(args.token_file)
     except HermesEnvError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +68,7 @@ def serve(args: argparse.Namespace) -> int:
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"{PROG}: serving backend {backend} at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
-    if not args.token_file:
+    if generated:
         print(f"{PROG}: bearer token: {token}", file=sys.stderr, flush=True)
     stopped_by: list[int] = []
     with contextlib.suppress(KeyboardInterrupt):
@@ -101,14 +105,47 @@ async def _serve_stdio(table: SessionTable) -> None:
         tg.cancel_scope.cancel()
 
 
+def _http_token(path: str | None) -> tuple[str, bool]:
+    """(the bearer token, whether it was generated): ``--token-file``, else ``$HERMES_ENV_MCP_TOKEN``, else new."""
+    from_env = os.environ.pop(TOKEN_ENV_VAR, None)  # popped: the commands this server runs never see it
+    if path and from_env:
+        raise HermesEnvError(f"the token is given twice, by --token-file and by ${TOKEN_ENV_VAR}: keep one")
+    if path:
+        return _read_token(path), False
+    if from_env:
+        return _check_token(from_env.strip(), f"${TOKEN_ENV_VAR}"), False
+    return secrets.token_urlsafe(32), True
+
+
 def _read_token(path: str) -> str:
     p = Path(path).expanduser()
     try:
-        token = p.read_text(encoding="utf-8").strip()
+        fd = os.open(p, os.O_RDONLY)
     except OSError as exc:
         raise HermesEnvError(f"cannot read the token file {path!r}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        # As ssh with its keys: a secret others can read (or replace) is no secret.
+        if st.st_mode & 0o077:
+            raise HermesEnvError(
+                f"the token file {path!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or others can "
+                f"access it; make it private: chmod 600 {shlex.quote(path)}"
+            )
+        if st.st_uid not in (os.getuid(), 0):
+            raise HermesEnvError(
+                f"the token file {path!r} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+                "another user could change it"
+            )
+        try:
+            token = fh.read().decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HermesEnvError(f"cannot read the token file {path!r}: {exc}") from None
+    return _check_token(token, f"the token file {path!r}")
+
+
+def _check_token(token: str, where: str) -> str:
     if len(token) < 16 or any(c.isspace() for c in token):
-        raise HermesEnvError(f"the token in {path!r} must be one word of at least 16 characters")
+        raise HermesEnvError(f"the token in {where} must be one word of at least 16 characters")
     return token
 
 
