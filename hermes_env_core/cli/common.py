@@ -153,8 +153,14 @@ def environment(
         env.sync_progress = SyncProgressBar(sys.stderr)
     try:
         yield env
-    finally:
-        env.close()
+    except BaseException:
+        # The error raised first is the exit status; one from close (a failed pull-back) is still said.
+        try:
+            env.close()
+        except HermesEnvError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise
+    env.close()
 
 
 class SyncProgressBar:
