@@ -237,10 +237,7 @@ def _remove_if_done(env: BaseEnvironment, reg: ProcessRegistry, envs: dict[str, 
         if isinstance(driver, SandboxDriver):
             with contextlib.suppress(ProcessError, HermesEnvError, OSError):
                 _keep_log(proc.id, _full_log(driver))
-    cleanup = getattr(env, "cleanup", None)
-    if cleanup is not None and "force" in inspect.signature(cleanup).parameters:
-        with contextlib.suppress(HermesEnvError):
-            cleanup(force=True)
+    _remove_target(env)
     with _envs_locked() as data:
         data.pop(key, None)
 
@@ -270,12 +267,26 @@ def run_background(args: argparse.Namespace, env: BaseEnvironment, command: str)
     """``run --background``: start ``command`` detached in ``env``; print ``ID pid PID``."""
     watch = [WatchPattern(w) for w in getattr(args, "watch", []) or []]
     watch += [WatchPattern(w, regex=True) for w in getattr(args, "watch_regex", []) or []]
-    with _registry() as reg:
-        proc = reg.spawn(env, command, detached=True, pty=bool(getattr(args, "pty", False)), watch=watch, cwd=getattr(args, "cwd", None))
-        print(f"{proc.id} pid {proc.pid}")
     owned = str(env.task_id).startswith("bg-") and bool(getattr(env.config, "persistent", False))
+    try:
+        with _registry() as reg:
+            proc = reg.spawn(env, command, detached=True, pty=bool(getattr(args, "pty", False)), watch=watch,
+                             cwd=getattr(args, "cwd", None))
+    except BaseException:
+        if owned:
+            # Made for this process alone (a container and its volume): nothing of it may stay behind.
+            _remove_target(env)
+        raise
+    print(f"{proc.id} pid {proc.pid}")
     _save_env(env, owned=owned)
     return 0
+
+
+def _remove_target(env: BaseEnvironment) -> None:
+    cleanup = getattr(env, "cleanup", None)
+    if cleanup is not None and "force" in inspect.signature(cleanup).parameters:
+        with contextlib.suppress(HermesEnvError):
+            cleanup(force=True)
 
 
 # -- finding a process again ------------------------------------------------------------------
