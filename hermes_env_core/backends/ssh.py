@@ -11,7 +11,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -655,7 +654,7 @@ class _ChannelStream:
             while True:
                 try:
                     return chan.recv(n)
-                except socket.timeout:
+                except TimeoutError:
                     if chan.exit_status_ready() or chan.closed:
                         return b""
         except Exception:  # noqa: BLE001 - the transport died
