@@ -26,6 +26,7 @@ from ..environment.result import ExecResult
 from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
+from ..sync import cli as sync_cli
 from . import info, shell
 from .signals import SignalExit, SignalGuard
 from .common import (
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_run)
     background_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
+    sync_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
 
     p = add_command(
         sub,
