@@ -148,8 +148,9 @@ _DUMP = (
 assert len(SECTIONS) == 12  # the dump above writes these twelve, in order
 
 
-def _dump_text(nonce: str) -> str:
-    return _DUMP.format(nonce=nonce, sep=shlex.quote(f"#hermes-state:{nonce}"))
+def _dump_text(nonce: str, letter: str = "C") -> str:
+    text = _DUMP.format(nonce=nonce, sep=shlex.quote(f"#hermes-state:{nonce}"))
+    return text if letter == "C" else text.replace(f"{nonce}:C", f"{nonce}:{letter}", 1)
 
 
 # For a command that may end the server (exit, exec, set -e): an EXIT trap that
@@ -201,6 +202,8 @@ class SessionServer:
         self.dirty = True  # state changed since the last checkpoint
         #: the state a command that ended the server sent as it went (dump, separator, cwd)
         self.handover: tuple[str, str, str] | None = None
+        #: the state sent back with the last report (``send_command(checkpoint=True)``)
+        self.inline_checkpoint: tuple[str, str, str] | None = None
         try:
             self._boot(login, init)
         except BaseException:
@@ -318,6 +321,7 @@ class SessionServer:
         cwd: str | None,
         stdin: bytes | None,
         may_exit: bool = False,
+        checkpoint: bool = False,
     ) -> str:
         """Send one command; returns its nonce (read the output with ``read_output``).
 
@@ -347,6 +351,9 @@ class SessionServer:
                 'builtin cd -- "$__hermes_ow"; OLDPWD=$__hermes_oo; builtin unset -v __hermes_ow __hermes_oo'
             )
         pre_text = "".join(p + "\n" if p.startswith("exec 0<<") or "\n" in p else p + "; " for p in pre)
+        if checkpoint:
+            # The state goes back with the report, in the same round trip (a command that changed it).
+            post.append(_dump_text(nonce, "K").rstrip("\n"))
         l3 = _L3.format(nonce=nonce, post="".join(p + "; " for p in post), dir=shlex.quote(self.private_dir)).encode()
         c2 = body + b"\n"
         errf = shlex.quote(self.private_dir + "/err")
@@ -372,14 +379,24 @@ class SessionServer:
         """
         report_mark = _MARK + nonce.encode() + b":X"
         dump_mark = _MARK + nonce.encode() + b":C"
+        ck_mark = _MARK + nonce.encode() + b":K"
         while True:
             i = self._buf.find(report_mark)
-            j = self._buf.find(dump_mark)
-            if j >= 0 and (i < 0 or j < i):
-                if j:
-                    sink(self._buf[:j])
-                self._buf = self._buf[j:]
-                self.handover = self._read_dump(nonce, time.monotonic() + 30.0)
+            for mark in (dump_mark, ck_mark):
+                j = self._buf.find(mark)
+                if j >= 0 and (i < 0 or j < i):
+                    if j:
+                        sink(self._buf[:j])
+                    self._buf = self._buf[j:]
+                    got = self._read_dump(nonce, time.monotonic() + 30.0, mark[-1:])
+                    if mark is dump_mark:
+                        self.handover = got
+                    else:
+                        self.inline_checkpoint = got
+                    break
+            else:
+                j = -1
+            if j >= 0:
                 continue
             if i >= 0:
                 if i:
@@ -427,9 +444,9 @@ class SessionServer:
         self.dirty = False
         return got
 
-    def _read_dump(self, nonce: str, deadline: float) -> tuple[str, str, str]:
+    def _read_dump(self, nonce: str, deadline: float, letter: bytes = b"C") -> tuple[str, str, str]:
         mark = _MARK + nonce.encode()
-        self._read_until(mark + b":C", deadline, None)
+        self._read_until(mark + b":" + letter, deadline, None)
         parts: list[bytes] = []
         self._read_until(mark + b":W", deadline, parts.append)
         cwd = self._take_fields(1, deadline)[0]
@@ -474,33 +491,48 @@ class SessionServer:
 # stopped first, so that no further statement of the command runs).
 KILL_PROGRAM = r"""
 __k_main() {
-local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now cg mycg
-local -A kids seen
-local -a todo all
+local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now cg mycg sid=
+local -A kids seen pp sids anc
+local -a todo all orph
 [[ $sig == KILL ]] && rounds=20
 IFS=' ' read -r up _ </proc/uptime
 now=${up%.*}${up#*.}
 IFS= read -r -d '' cg <"/proc/$pid/cgroup" 2>/dev/null
+# A cgroup of the whole host says nothing about who started a process.
+[[ $cg == *$'\n0::/\n'* || $cg == $'0::/\n'* ]] && cg=
 ((server)) && kill -STOP "$pid" 2>/dev/null
 while ((rounds--)); do
-  kids=() seen=() todo=() all=()
+  kids=() seen=() todo=() all=() pp=() sids=() anc=() orph=()
   for p in /proc/[0-9]*; do
     IFS= read -r s 2>/dev/null <"$p/stat" || continue
     s=${s##*) }
     set -- $s
     [[ $1 == Z ]] && continue
-    kids[$2]+=" ${p#/proc/}:${20}"
-    # An orphan of the server's cgroup that started during the command (setsid, double fork).
-    if [[ $2 == 1 && -n $cg ]] && (( 10#${20} >= 10#$now - since )) && [[ ${p#/proc/} != "$pid" ]]; then
-      mycg=; IFS= read -r -d '' mycg <"$p/cgroup" 2>/dev/null
-      [[ $mycg == "$cg" ]] && todo+=("${p#/proc/}:${20}")
-    fi
+    p=${p#/proc/}
+    kids[$2]+=" $p:${20}"
+    pp[$p]=$2 sids[$p]=$4
+    (( 10#${20} >= 10#$now - since )) && orph+=("$p:${20}")
+  done
+  sid=${sids[$pid]}
+  # The server's ancestors: where its orphans are re-parented (init, a subreaper).
+  p=${pp[$pid]}
+  while [[ -n $p && -z ${anc[$p]} ]]; do anc[$p]=1; p=${pp[$p]}; done
+  anc[1]=1
+  # An orphan of the command (a double fork, setsid): re-parented above the server,
+  # started during the command, in the server's session or its own cgroup.
+  for f in "${orph[@]}"; do
+    p=${f%%:*}
+    [[ -n ${anc[${pp[$p]}]} && $p != "$pid" ]] || continue
+    if [[ ${sids[$p]} == "$sid" ]]; then todo+=("$f"); continue; fi
+    [[ -n $cg ]] || continue
+    mycg=; IFS= read -r -d '' mycg <"/proc/$p/cgroup" 2>/dev/null
+    [[ $mycg == "$cg" ]] && todo+=("$f")
   done
   todo+=(${kids[$pid]})
   while ((${#todo[@]})); do
     f=${todo[0]}; todo=("${todo[@]:1}")
     p=${f%%:*}
-    [[ -n ${seen[$p]} || $p == "$$" || $p == "$BASHPID" ]] && continue
+    [[ -n ${seen[$p]} || $p == "$$" || $p == "$BASHPID" || $p == "$PPID" ]] && continue
     seen[$p]=1
     # started after the command did (start time in clock ticks, 100 a second)
     if (( 10#${f#*:} >= 10#$now - since )); then all+=("$p"); todo+=(${kids[$p]}); fi

@@ -114,6 +114,8 @@ class ServerRunner:
         self._cpu: tuple[float, float] | None = None
         self._closed = False
         self._pending = False  # a checkpoint is due before the next command
+        self._sweep = False  # the lost server may have left a command running
+        self._cmd_started: float | None = None
         self._start_error: str | None = None  # the configured directory that could not be entered
         self.session = ShellSession(
             state_dir=private_dir, default_cwd=default_cwd, excluded_prefixes=excluded_prefixes, env_id=env_id
@@ -140,9 +142,22 @@ class ServerRunner:
             server.close()
             self._server = None
             why = self._lost or "the session server ended"
+        old_pid = server.pid if server is not None and handover is None and self._sweep else 0
         server = self._boot()
         self._server = server
         self._cpu = None
+        if old_pid and self._cmd_started is not None:
+            # The last server was cut off mid-command (a dropped connection): what that
+            # command started may still run in the target; it goes now.
+            try:
+                if self._control is None:
+                    self._control = _Control(self._opener)
+                since = int((time.monotonic() - self._cmd_started) * 100) + 5
+                if self._control.signal(old_pid, "KILL", since, server=2) or True:
+                    self._note("the processes the cut-off command had started were stopped")
+            except Exception as exc:  # noqa: BLE001 - best effort
+                _log.debug("%s: sweeping the lost server failed: %r", self.label, exc)
+        self._sweep = False
         if first and server.login_failed is not None:
             self._note(f"login shell start-up failed (exit {server.login_failed}); running without ~/.profile")
         if first:
@@ -261,8 +276,10 @@ class ServerRunner:
                     notes=(f"working directory {bad} is gone; session directory reset to {self.session.cwd}",),
                 )
             exits = may_exit(command, self.session.state) or "e" in self._flags
+            changes = changes_state(command, self.session.state)
             try:
-                nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits)
+                server.inline_checkpoint = None
+                nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits, checkpoint=changes)
                 break
             except ServerLost as exc:
                 # Found dead as the command was sent: it never ran; once more on a new server.
@@ -271,6 +288,7 @@ class ServerRunner:
                     raise
         self._commands += 1
         started = time.monotonic()
+        self._cmd_started = started
         deadline = started + timeout if timeout else None
         reason: str | None = None
 
@@ -301,6 +319,7 @@ class ServerRunner:
                     notes=(why,), started=started,
                 )
             if server.handover is None:
+                self._sweep = True
                 raise BackendError(
                     f"{self.label}: the session server was lost during the command ({exc}); "
                     "the next command starts a new one from the checkpoint"
@@ -321,7 +340,10 @@ class ServerRunner:
             )
         assert report is not None
         self._flags = report.flags
-        self._pending = server.dirty and changes_state(command, self.session.state)
+        if server.inline_checkpoint is not None:
+            self._take_checkpoint(server.inline_checkpoint)
+            server.dirty = False
+        self._pending = False
         cpu = None
         if report.cpu_times is not None:
             if self._cpu is not None:
@@ -389,8 +411,17 @@ class ServerRunner:
         server = self._server
         if server is None or not server.alive or not server.dirty:
             return
-        dump, sep, cwd = server.checkpoint(timeout=15.0)
-        state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None, names_from=self.session.baseline)
+        self._take_checkpoint(server.checkpoint(timeout=15.0))
+
+    def _take_checkpoint(self, got: tuple[str, str, str]) -> None:
+        dump, sep, cwd = got
+        try:
+            state = parse_state_dump(
+                dump, sep, self.session.excluded_prefixes, cwd or None, names_from=self.session.baseline
+            )
+        except StateParseError as exc:
+            self._note(f"session state not saved: {exc}")
+            return
         self.session.set_state(state)
         self._checkpoint_of = self._commands
         self._pending = False
