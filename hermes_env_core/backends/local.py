@@ -263,9 +263,10 @@ class LocalEnvironment(BaseEnvironment):
         self._env = env
         self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
         self._server_groups: tuple[Any, ...] = ()
+        self._server_procs: list[subprocess.Popen[bytes]] = []
         self._oom_before: int | None = None
         # An environment never closed still leaves nothing behind when it is collected or at exit.
-        self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self._dir_finalizer = weakref.finalize(self, _forget, self._dir, self._server_procs)
 
     def _state_dir(self) -> str:
         return self._dir
@@ -307,12 +308,21 @@ class LocalEnvironment(BaseEnvironment):
         assert proc.stdin is not None and proc.stdout is not None
         _widen_pipe(proc.stdout.fileno())
 
+        server = tuple(argv) == SERVER_ARGV
+
         def stop() -> None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
+                if server:
+                    # The session's shell only: its background jobs outlive it, as a shell's do.
+                    os.kill(proc.pid, signal.SIGKILL)
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+
+        if server:
+            self._server_procs.append(proc)
 
         return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
 
@@ -330,6 +340,19 @@ class LocalEnvironment(BaseEnvironment):
             if isinstance(g, MemoryCgroup):
                 g.reset_peak()
                 self._oom_before = g.oom_kills()
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        # The session's shell is a child of ours: its own exit status says what ended it.
+        proc = self._server_procs[-1] if self._server_procs else None
+        if proc is None:
+            return None
+        try:
+            code = proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            return None
+        if code < 0:
+            return 128 - code, f"the session's shell was killed by signal {-code}"
+        return None
 
     def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
         for g in self._server_groups:
@@ -349,6 +372,18 @@ class LocalEnvironment(BaseEnvironment):
                 g.release()
             else:
                 g.release(keep_alive=False)
+
+
+def _forget(directory: str, servers: list[subprocess.Popen[bytes]]) -> None:
+    """An environment never closed: its session servers go, and its private directory."""
+    for proc in servers:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+    shutil.rmtree(directory, True)
 
 
 def start_bash(

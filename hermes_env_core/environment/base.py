@@ -192,6 +192,9 @@ class BaseEnvironment(abc.ABC):
         ``started`` is its wall-clock start. May add a note with ``_note``."""
         return None
 
+    def _explain_lost_since(self, started_monotonic: float) -> tuple[int, str] | None:
+        return self._explain_lost(time.time() - (time.monotonic() - started_monotonic))
+
     def _explain_lost(self, started: float) -> tuple[int, str] | None:
         """Hook: the session server died during a command that started at ``started`` (wall clock).
         (exit code, why) when the target can tell (the OOM killer: 137), else None (an infrastructure error)."""
@@ -250,7 +253,7 @@ class BaseEnvironment(abc.ABC):
                         excluded_prefixes=self.config.session_exclude_prefixes,
                         env_id=self.task_id,
                         note=self._note,
-                        explain_lost=lambda started: self._explain_lost(time.time() - (time.monotonic() - started)),
+                        explain_lost=self._explain_lost_since,
                     )
                 runner = self._runner
         return runner

@@ -119,7 +119,9 @@ _SYNTAX = (
     "builtin printf '\\036{nonce}:X%d\\0%s\\0' 2 \"$PWD\"; builtin times; builtin printf '\\0%s\\0\\n' \"$-\"; "
 )
 _L2 = (
-    "{{ if [[ -z $__hermes_ok ]]; then {syntax}{cwdfail}else {pre}builtin printf '\\036{nonce}:S\\n'; fi; "
+    "{{ if [[ -z $__hermes_ok ]]; then {syntax}{cwdfail}else {pre}"
+    "IFS=' ' builtin read -r __hermes_c __hermes_c __hermes_c __hermes_c __hermes_c </proc/loadavg; "
+    "builtin printf '\\036{nonce}:S%s\\n' \"$__hermes_c\"; fi; "
     "builtin unset -v __hermes_c __hermes_ok; "
     "__hermes_t() {{ builtin unset -f __hermes_t; builtin unset -v __hermes_r __hermes_l; return $1; }}; "
     'if ((__hermes_r)); then __hermes_t "$__hermes_r" "$__hermes_l" && :; '
@@ -365,9 +367,22 @@ class SessionServer:
         self._send(_L1.encode() + body + b"\0" + l2 + c2 + l3 + f"#{nonce}\n".encode())
         return nonce
 
-    def wait_started(self, nonce: str, deadline: float) -> None:
-        """Drop what comes before the command's start mark (late output of earlier background jobs)."""
-        self._read_until(_MARK + nonce.encode() + b":S\n", deadline, None)
+    def wait_started(self, nonce: str, deadline: float) -> int:
+        """Drop what comes before the command's start mark (late output of earlier background jobs).
+
+        Returns the last process id the target had handed out as the command started (0: unknown):
+        every process of the command has a higher one, until the ids wrap around.
+        """
+        self._read_until(_MARK + nonce.encode() + b":S", deadline, None)
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.label}: the start mark was cut short")
+            data = self._next(left)
+            if data is not None:
+                self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return int(line) if line.isdigit() else 0
 
     def read_output(
         self, nonce: str, sink: Callable[[bytes], None], *, poll_s: float, should_stop: Callable[[], bool]
@@ -490,8 +505,13 @@ class SessionServer:
 # again before each round; with ``server`` the server itself too (it is
 # stopped first, so that no further statement of the command runs).
 KILL_PROGRAM = r"""
+# Started during the command: a process id above the last one handed out when it
+# began (else, the ids having wrapped, a start time well after it: ticks, 100 a second).
+__k_new() {
+  if ((last > 0)); then (( $1 > last || 10#$2 > 10#$now - since + 2 )); else (( 10#$2 >= 10#$now - since )); fi
+}
 __k_main() {
-local pid=$1 sig=$2 since=$3 server=$4 rounds=1 p s f up now cg mycg sid=
+local pid=$1 sig=$2 since=$3 server=$4 last=${5:-0} rounds=1 p s f up now cg mycg sid=
 local -A kids seen pp sids anc
 local -a todo all orph
 [[ $sig == KILL ]] && rounds=20
@@ -511,7 +531,7 @@ while ((rounds--)); do
     p=${p#/proc/}
     kids[$2]+=" $p:${20}"
     pp[$p]=$2 sids[$p]=$4
-    (( 10#${20} >= 10#$now - since )) && orph+=("$p:${20}")
+    __k_new "$p" "${20}" && orph+=("$p:${20}")
   done
   sid=${sids[$pid]}
   # The server's ancestors: where its orphans are re-parented (init, a subreaper).
@@ -534,8 +554,7 @@ while ((rounds--)); do
     p=${f%%:*}
     [[ -n ${seen[$p]} || $p == "$$" || $p == "$BASHPID" || $p == "$PPID" ]] && continue
     seen[$p]=1
-    # started after the command did (start time in clock ticks, 100 a second)
-    if (( 10#${f#*:} >= 10#$now - since )); then all+=("$p"); todo+=(${kids[$p]}); fi
+    if __k_new "$p" "${f#*:}"; then all+=("$p"); todo+=(${kids[$p]}); fi
   done
   ((${#all[@]})) || break
   [[ $sig == 0 ]] && break

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import weakref
 import secrets
 import threading
 import time
@@ -51,7 +52,7 @@ class ServerRun:
 class _Control:
     """A second stream to a bash in the target that signals a command's tree."""
 
-    _PROGRAM = "while IFS=' ' read -r a b c d; do __k_main \"$a\" \"$b\" \"$c\" \"$d\"; done\n"
+    _PROGRAM = "while IFS=' ' read -r a b c d e; do __k_main \"$a\" \"$b\" \"$c\" \"$d\" \"$e\"; done\n"
 
     def __init__(self, opener: Callable[[Sequence[str]], ChannelStream]) -> None:
         from .server import KILL_PROGRAM
@@ -61,9 +62,9 @@ class _Control:
         self._stream.write(f"{len(program)}\n".encode() + program)
         self._buf = b""
 
-    def signal(self, pid: int, sig: str, since_ticks: int, *, server: int) -> int:
+    def signal(self, pid: int, sig: str, since_ticks: int, *, server: int, last_pid: int = 0) -> int:
         """Signal the tree (``server``: 1 stops the server first, 2 also kills it); how many were found."""
-        self._stream.write(f"{pid} {sig} {since_ticks} {server}\n".encode())
+        self._stream.write(f"{pid} {sig} {since_ticks} {server} {last_pid}\n".encode())
         while b"\n" not in self._buf.partition(b"killed ")[2]:
             data = self._stream.read(4096)
             if not data:
@@ -98,12 +99,16 @@ class ServerRunner:
         explain_lost: Callable[[float], tuple[int, str] | None] | None = None,
     ) -> None:
         self.label = label
-        self._explain_lost = explain_lost
-        self._opener = opener
+        # Weak: the runner's threads must not keep an unclosed environment alive.
+        self._note_ref = weakref.WeakMethod(note) if hasattr(note, "__self__") else (lambda: note)
+        self._explain_ref = (
+            weakref.WeakMethod(explain_lost) if explain_lost is not None and hasattr(explain_lost, "__self__")
+            else (lambda: explain_lost)
+        )
+        self._opener_ref = weakref.WeakMethod(opener) if hasattr(opener, "__self__") else (lambda: opener)
         self.private_dir = private_dir
         self._login = login
         self._init = init
-        self._note = note
         self._lock = threading.Lock()
         self._server: SessionServer | None = None
         self._control: _Control | None = None
@@ -116,6 +121,7 @@ class ServerRunner:
         self._pending = False  # a checkpoint is due before the next command
         self._sweep = False  # the lost server may have left a command running
         self._cmd_started: float | None = None
+        self._cmd_last_pid = 0
         self._start_error: str | None = None  # the configured directory that could not be entered
         self.session = ShellSession(
             state_dir=private_dir, default_cwd=default_cwd, excluded_prefixes=excluded_prefixes, env_id=env_id
@@ -123,6 +129,17 @@ class ServerRunner:
         self._idle = threading.Condition()
         self._last_end = 0.0
         self._idle_thread: threading.Thread | None = None
+
+    def _opener(self, argv: Sequence[str]) -> ChannelStream:
+        opener = self._opener_ref()
+        if opener is None:
+            raise EnvironmentClosedError(f"{self.label}: the environment is gone")
+        return opener(argv)
+
+    def _note(self, text: str) -> None:
+        note = self._note_ref()
+        if note is not None:
+            note(text)
 
     # -- the server --------------------------------------------------------------
     def _boot(self) -> SessionServer:
@@ -153,7 +170,7 @@ class ServerRunner:
                 if self._control is None:
                     self._control = _Control(self._opener)
                 since = int((time.monotonic() - self._cmd_started) * 100) + 5
-                if self._control.signal(old_pid, "KILL", since, server=2) or True:
+                if self._control.signal(old_pid, "KILL", since, server=2, last_pid=self._cmd_last_pid) or True:
                     self._note("the processes the cut-off command had started were stopped")
             except Exception as exc:  # noqa: BLE001 - best effort
                 _log.debug("%s: sweeping the lost server failed: %r", self.label, exc)
@@ -289,6 +306,7 @@ class ServerRunner:
         self._commands += 1
         started = time.monotonic()
         self._cmd_started = started
+        self._cmd_last_pid = 0
         deadline = started + timeout if timeout else None
         reason: str | None = None
 
@@ -303,14 +321,17 @@ class ServerRunner:
         report: ServerReport | None = None
         try:
             try:
-                server.wait_started(nonce, deadline if deadline is not None else time.monotonic() + 3600.0)
+                self._cmd_last_pid = server.wait_started(
+                    nonce, deadline if deadline is not None else time.monotonic() + 3600.0
+                )
             except TimeoutError:
                 should_stop()
             if reason is None:
                 report = server.read_output(nonce, capture.feed, poll_s=_POLL_S, should_stop=should_stop)
         except ServerLost as exc:
             self._lost = "the session server ended during the command"
-            explained = self._explain_lost(started) if self._explain_lost is not None else None
+            explain = self._explain_ref()
+            explained = explain(started) if explain is not None else None
             if explained is not None and server.handover is None:
                 code, why = explained
                 self._lost = f"the session server was killed with the command (exit {code})"
@@ -346,8 +367,8 @@ class ServerRunner:
         self._pending = False
         cpu = None
         if report.cpu_times is not None:
-            if self._cpu is not None:
-                cpu = (max(report.cpu_times[0] - self._cpu[0], 0.0), max(report.cpu_times[1] - self._cpu[1], 0.0))
+            base = self._cpu or (0.0, 0.0)  # a new server: its own start-up counts in its first command
+            cpu = (max(report.cpu_times[0] - base[0], 0.0), max(report.cpu_times[1] - base[1], 0.0))
             self._cpu = report.cpu_times
         if cwd is None:
             self.session.note_cwd(report.cwd)
@@ -359,18 +380,19 @@ class ServerRunner:
         self, server: SessionServer, started: float, grace: float, sink: Callable[[bytes], None] | None = None
     ) -> None:
         """Freeze the server, end the command's tree (TERM, then KILL after the grace), end the server."""
-        def since() -> int:  # clock ticks (1/100 s) back to the command's start, and a margin
-            return int((time.monotonic() - started) * 100) + 5
+        def since() -> int:  # clock ticks (1/100 s) back to when the command was sent, and one for rounding
+            return round((time.monotonic() - started) * 100) + 1
 
         try:
             if self._control is None:
                 self._control = _Control(self._opener)
-            left = self._control.signal(server.pid, "TERM", since(), server=1)
+            last = self._cmd_last_pid
+            left = self._control.signal(server.pid, "TERM", since(), server=1, last_pid=last)
             end = time.monotonic() + grace
             while left and time.monotonic() < end:
                 time.sleep(_POLL_S)
-                left = self._control.signal(server.pid, "0", since(), server=1)
-            self._control.signal(server.pid, "KILL", since(), server=2)
+                left = self._control.signal(server.pid, "0", since(), server=1, last_pid=last)
+            self._control.signal(server.pid, "KILL", since(), server=2, last_pid=last)
         except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
             _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
             if self._control is not None:
