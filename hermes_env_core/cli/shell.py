@@ -129,7 +129,7 @@ def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
             command = rest
         if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
             tty.print_state_warning(command)
-            state.last = tty.run_tty(env, command)
+            state.last = tty.run_tty(env, command, newline_after=True)
             continue
         result = execute(env, command, out=sys.stdout, newline_after=interactive)
         print_notes(result)

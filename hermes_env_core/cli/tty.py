@@ -438,6 +438,7 @@ class _Link:
         self.stream: Any | None = proc.open_stream()
         self._in_ok = self.stream is not None
         self.pos = 0  # output offset copied so far (the stream and the buffer count alike)
+        self.last = b""  # the last byte copied
 
     def send(self, data: bytes) -> None:
         if self._in_ok:
@@ -468,11 +469,13 @@ class _Link:
                     break  # it ended (or the stream broke: the buffer goes on from here)
                 _write_all(out_fd, data)
                 self.pos += len(data)
+                self.last = data[-1:]
             while True:
                 chunk = proc.read(self.pos)
                 if chunk.data:
                     _write_all(out_fd, chunk.data)
                     self.pos = chunk.next_offset
+                    self.last = chunk.data[-1:]
                     continue
                 if not proc.running:
                     # Its last output came in before its exit was reported; a child
@@ -480,6 +483,7 @@ class _Link:
                     final = proc.read(self.pos).data
                     if final:
                         _write_all(out_fd, final)
+                        self.last = final[-1:]
                     break
                 proc.wait_for_more(self.pos, 0.2)
         except OSError:
@@ -497,6 +501,7 @@ def run_tty(
     stdout_fd: int = 1,
     cwd: str | None = None,
     timeout: float | None = None,
+    newline_after: bool = False,
 ) -> int:
     """Run ``command`` in ``env``'s session on a pseudo-terminal wired to ``stdin_fd``/``stdout_fd``; its status.
 
@@ -510,7 +515,8 @@ def run_tty(
     end, which the program then reads as Ctrl-D. SIGINT sent to this process
     from elsewhere is passed on as Ctrl-C; SIGTERM and SIGHUP end the
     command's tree and return 128+N. ``timeout``: end it after this many
-    seconds, status 124.
+    seconds, status 124. ``newline_after``: end a last line the program left
+    open (for a prompt that follows).
     """
     rows, cols = window_size(*(fd for fd in (stdin_fd, stdout_fd) if fd is not None))
     wake_r, wake_w = os.pipe()
@@ -525,7 +531,7 @@ def run_tty(
                     env, _term_prefix() + command, pty=True, window=(rows, cols), notify_on_exit=False, cwd=cwd,
                     buffer_bytes=_BUFFER_BYTES,
                 )
-                code = _attach(proc, stdin_fd, stdout_fd, wake_r, wake_w, timeout)
+                code = _attach(proc, stdin_fd, stdout_fd, wake_r, wake_w, timeout, newline_after)
             except _Stop as stop:
                 code = 128 + stop.signum
             finally:
@@ -542,7 +548,13 @@ def run_tty(
 
 
 def _attach(
-    proc: BackgroundProcess, stdin_fd: int | None, stdout_fd: int, wake_r: int, wake_w: int, timeout: float | None
+    proc: BackgroundProcess,
+    stdin_fd: int | None,
+    stdout_fd: int,
+    wake_r: int,
+    wake_w: int,
+    timeout: float | None,
+    newline_after: bool,
 ) -> int | None:
     link = _Link(proc)
     copier = threading.Thread(target=link.copy_output, args=(stdout_fd, wake_w), name="hermes-env-tty", daemon=True)
@@ -556,6 +568,9 @@ def _attach(
                     _end(proc)
                 link.close()
                 copier.join(10.0)
+                if newline_after and link.last not in (b"\n", b""):
+                    with contextlib.suppress(OSError):
+                        _write_all(stdout_fd, b"\r\n")
     finally:
         link.close()
 
