@@ -277,6 +277,15 @@ def test_run_tty_returns_the_status_and_restores_the_terminal_after_ctrl_c(pane,
     assert m.groups() == ("130", "restored")
 
 
+def test_run_tty_passes_piped_input_on_and_its_end_as_ctrl_d(backend, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TERMINAL_", "HERMES_ENV_"))}
+    r = subprocess.run([HERMES_ENV, "run", "--tty", *backend, "python3"], input="import sys\nprint(6*7, sys.stdin.isatty())\n",
+                       capture_output=True, text=True, timeout=WAIT, env=env, cwd=tmp_path)
+    # The REPL read both lines from its terminal, then Ctrl-D ended it with status 0.
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^(>>> )*42 True\r?$", r.stdout, re.M), r.stdout
+
+
 # -- the line rule ---------------------------------------------------------------------------
 
 

@@ -346,6 +346,7 @@ _BUFFER_BYTES = 8 * 1024 * 1024
 _READ = 65536
 _LOOK_S = 0.5  # how often the loop looks whether the program ended without its output's end
 _STREAM_GRACE_S = 3.0
+_EOF_QUIET_S = 1.0
 
 
 class _Stop(Exception):
@@ -623,11 +624,30 @@ def _pump(link: _Link, stdin_fd: int | None, wake_r: int, timeout: float | None)
                 link.send(data)
             else:
                 reading = False
-                link.send(b"\x04")  # Ctrl-D: what a terminal sends for end of input
+                threading.Thread(target=_eof_when_read, args=(link,), name="hermes-env-tty-eof", daemon=True).start()
     try:
         return proc.wait(30.0)
     except TimeoutError:
         return None
+
+
+def _eof_when_read(link: _Link) -> None:
+    """End of piped input: Ctrl-D once the program waits on its terminal with the input before it read.
+
+    Sent at once, it would sit behind lines the program has not read yet, and
+    a program that reads its terminal raw (a REPL's line editor) takes it for
+    a NUL byte. Without a way to tell, it goes after a second of quiet.
+    """
+    proc = link.proc
+    quiet_since, seen = time.monotonic(), proc.output_end
+    while proc.running:
+        if proc.output_end != seen:
+            quiet_since, seen = time.monotonic(), proc.output_end
+        if proc.check_waiting_for_input(0.1) or time.monotonic() - quiet_since > _EOF_QUIET_S:
+            link.send(b"\x04")
+            return
+        with contextlib.suppress(TimeoutError):
+            proc.wait(0.05)
 
 
 def _safely(fn: Any, *args: Any) -> None:
