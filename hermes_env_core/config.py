@@ -205,6 +205,8 @@ def resolve_config(
 
         registry = get_registry()
     env = os.environ if environ is None else environ
+    if options is not None and isinstance(options.get("env"), str):
+        raise ConfigError(_env_is_not_the_backend(options["env"]))
     file = config_file if isinstance(config_file, ConfigFile) else load_config_file(config_file, environ=env)
 
     requested, backend_source = resolve_backend_name(name, environ=env, file=file)
@@ -381,6 +383,14 @@ def _wants_json(annotation: Any) -> bool:
             if issubclass(origin, (collections.abc.Mapping, collections.abc.Collection)):
                 return True
     return False
+
+
+def _env_is_not_the_backend(value: str) -> str:
+    return (
+        f"env={value!r}: in Python, env is the dict of environment variables for commands "
+        f"(env={{'DEBUG': '1'}}), not the backend; to choose the backend, pass backend={value!r} "
+        f"(create_environment(backend={value!r}, ...))"
+    )
 
 
 def _unknown_key(key: str, source: str, backend: str, fields: Mapping[str, Any]) -> str:

@@ -12,6 +12,8 @@ import argparse
 import contextlib
 import importlib.metadata
 import platform
+import shlex
+import signal
 import sys
 import traceback
 import warnings
@@ -24,6 +26,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from . import info, shell, tty
+from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
     EXIT_FAILURE,
@@ -47,10 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)):
+    # mcp serves over asyncio and handles these signals itself (mcp.serve).
+    guard = None if args.func is mcp_cli.main else SignalGuard(keyboard_interrupt=_keyboard_interrupts(args))
+    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)), guard or contextlib.nullcontext():
         try:
-            return int(args.func(args))
+            status = int(args.func(args))
+        except SignalExit as exc:
+            return _stopped(exc.signum)
         except HermesEnvError as exc:
+            if guard is not None and guard.received is not None:
+                return _stopped(guard.received)
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return exit_status_of(exc)
         except KeyboardInterrupt:
@@ -66,6 +75,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             print(f"{PROG}: internal error (exit status {EXIT_FAILURE})", file=sys.stderr)
             return EXIT_FAILURE
+        if guard is not None and guard.received is not None:
+            return _stopped(guard.received)
+        return status
+
+
+def _keyboard_interrupts(args: argparse.Namespace) -> bool:
+    """In an interactive shell, Ctrl-C cancels the command and keeps the prompt, as in bash."""
+    return args.func is shell.cmd_shell and sys.stdin.isatty()
+
+
+def _stopped(signum: int) -> int:
+    """The status ``docker run`` gives when a signal stopped it: 128 + the signal's number."""
+    print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 
 def version_text() -> str:
@@ -102,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tty", action="store_true", help="run it on a terminal, keys and window size passed on (REPLs, top)")
     background_cli.add_run_arguments(p)
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="one word: a shell command line ('ls | wc -l'); several words: one program and its arguments, "
+        "passed as they are (python3 -c 'print(1)')",
     )
     p.set_defaults(func=_cmd_run)
     background_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
@@ -131,7 +158,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
-    command = words[0] if len(words) == 1 else " ".join(words)
+    # One word is a shell command line; several are one argv, quoted as docker exec takes them.
+    command = words[0] if len(words) == 1 else shlex.join(words)
     if not command.strip():
         raise UsageError("run: no command given")
     if getattr(args, "tty", False):

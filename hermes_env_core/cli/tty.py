@@ -515,7 +515,8 @@ def run_tty(
     (SIGWINCH) resizes it. Input that is not a terminal is copied until its
     end, which the program then reads as Ctrl-D. SIGINT sent to this process
     from elsewhere is passed on as Ctrl-C; SIGTERM and SIGHUP end the
-    command's tree and return 128+N. ``timeout``: end it after this many
+    command's tree, restore the terminal, and are then raised again for the
+    handler that was in place (128+N when it returns). ``timeout``: end it after this many
     seconds, status 124. ``newline_after``: end a last line the program left
     open (for a prompt that follows).
     """
@@ -525,6 +526,7 @@ def run_tty(
     registry = ProcessRegistry(poll=TTY_POLL, input_wait_s=None, keep_finished=4)
     proc: BackgroundProcess | None = None
     code: int | None = None
+    stopped: int | None = None
     try:
         with _signals(wake_w):
             try:
@@ -534,7 +536,7 @@ def run_tty(
                 )
                 code = _attach(proc, stdin_fd, stdout_fd, wake_r, wake_w, timeout, newline_after)
             except _Stop as stop:
-                code = 128 + stop.signum
+                code = stopped = stop.signum
             finally:
                 if proc is not None and proc.running:
                     _end(proc)
@@ -542,6 +544,10 @@ def run_tty(
         registry.close()
         os.close(wake_r)
         os.close(wake_w)
+    if stopped is not None:
+        # Cleaned up: now the signal does what it would have done here (the CLI's handler, or the default).
+        signal.raise_signal(stopped)
+        return 128 + stopped
     if code is None:
         note = proc.note if proc is not None else None
         raise TerminalLostError(f"{env.name}: the program on the terminal was lost: {note or 'no exit status'}")

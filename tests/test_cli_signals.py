@@ -1,0 +1,248 @@
+"""SIGTERM, SIGHUP and SIGINT sent to ``hermes-env run`` / ``shell`` end the command's whole tree and clean up.
+
+Driven as a supervisor or ``timeout`` would: the console script in a real
+process, a real ``sleep`` found with psutil, a real signal; then nothing of the
+command's tree may be left, nor a cgroup directory, nor (docker) the container.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hermes_env_core.testing import wait_until
+
+HERMES_ENV = os.path.join(os.path.dirname(sys.executable), "hermes-env")
+WAIT = 30.0
+SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("TERMINAL_", "HERMES_ENV_"))}
+
+
+def _start(tmp_path: Path, *args: str, stdin: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [HERMES_ENV, *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path
+    )
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _sleep_in_tree(pid: int, marker: str) -> list[psutil.Process] | None:
+    """The CLI's process tree once the command's ``sleep <marker>`` runs in it, else None."""
+    tree = _descendants(pid)
+    for p in tree:
+        try:
+            if p.cmdline() == ["sleep", marker]:
+                return tree
+        except psutil.Error:
+            continue
+    return None
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cgroup_dirs_of(pid: int) -> list[str]:
+    """Cgroup directories named after ``pid`` (hermes-env-<pid>-…) in every hierarchy this process is in."""
+    found = []
+    with open("/proc/self/cgroup", encoding="ascii") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":
+            roots = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        elif controllers.startswith("name="):
+            continue
+        else:
+            roots = [os.path.join("/sys/fs/cgroup", controllers)]
+        for root in roots:
+            base = os.path.join(root, rel.lstrip("/"))
+            try:
+                names = os.listdir(base)
+            except OSError:
+                continue
+            found += [os.path.join(base, n) for n in names if n.startswith(f"hermes-env-{pid}-")]
+    return sorted(set(found))
+
+
+def _marker() -> str:
+    # a duration nobody else sleeps, so the test finds this command's sleep and no other
+    return f"{1000 + uuid.uuid4().int % 100000}.5"
+
+
+def _stop_and_check(proc: subprocess.Popen[bytes], marker: str, sig: signal.Signals) -> None:
+    tree: list[psutil.Process] = []
+    try:
+        assert wait_until(lambda: tree.extend(_sleep_in_tree(proc.pid, marker) or []) or bool(tree), WAIT)
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        assert proc.wait(WAIT) == 128 + sig
+        left = [p.pid for p in tree if _alive(p)]
+        assert not left, f"processes of the command's tree outlived {sig.name}: {left}"
+        assert _cgroup_dirs_of(proc.pid) == []
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert "Traceback" not in err and f"stopped by {sig.name}" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in tree:
+            if _alive(p):
+                p.kill()
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_run_stopped_by_a_signal_ends_the_tree_and_exits_128_plus_it(tmp_path, sig):
+    marker = _marker()
+    # a child of a child: the whole tree must go, not only the command's bash
+    proc = _start(tmp_path, "run", f"bash -c 'sleep {marker}; echo after'; echo finished")
+    _stop_and_check(proc, marker, sig)
+    assert b"finished" not in (proc.stdout.read() if proc.stdout else b"")
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_shell_stopped_by_a_signal_ends_the_running_command(tmp_path, sig):
+    marker = _marker()
+    proc = _start(tmp_path, "shell", stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(f"echo one\nsleep {marker}\necho never\n".encode())
+    proc.stdin.flush()  # stdin stays open: the shell would go on reading
+    try:
+        _stop_and_check(proc, marker, sig)
+        assert proc.stdout is not None and proc.stdout.read() == b"one\n"
+    finally:
+        proc.stdin.close()
+
+
+def test_shell_waiting_for_input_stops_at_sigterm_with_143(tmp_path):
+    proc = _start(tmp_path, "shell", stdin=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"echo ready\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"ready\n"  # the session is up; the shell now waits on stdin
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 143
+        assert _cgroup_dirs_of(proc.pid) == []
+    finally:
+        proc.stdin.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_timeout_in_front_of_run_leaves_nothing_behind(tmp_path):
+    # The issue's own reproduction: `timeout 2 hermes-env run 'sleep 100'`.
+    marker = _marker()
+    proc = subprocess.Popen(
+        ["timeout", "3", HERMES_ENV, "run", f"sleep {marker}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=tmp_path,
+    )
+    tree: list[psutil.Process] = []
+    try:
+        assert wait_until(lambda: tree.extend(_sleep_in_tree(proc.pid, marker) or []) or bool(tree), WAIT)
+        cli_pid = next(p.pid for p in tree if p.ppid() == proc.pid)
+        assert proc.wait(WAIT) == 124
+        assert not [p.pid for p in tree if _alive(p)]
+        assert _cgroup_dirs_of(cli_pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in tree:
+            if _alive(p):
+                p.kill()
+
+
+# -- docker ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    from tests.support.docker_engine import ensure_engine, ensure_test_image
+
+    return ensure_test_image(ensure_engine())
+
+
+def _containers_of(pid: int) -> list[object]:
+    from tests.support.docker_engine import ensure_engine
+
+    return ensure_engine().containers.list(all=True, filters={"label": f"hermes-env.owner-pid={pid}"})
+
+
+def _sleeps_in(container: object, marker: str) -> bool:
+    try:
+        top = container.top()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not started yet
+        return False
+    return any(row and row[-1] == f"sleep {marker}" for row in top.get("Processes") or [])
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_docker_run_stopped_by_a_signal_removes_its_container(tmp_path, image, sig):
+    marker = _marker()
+    proc = _start(tmp_path, "run", "--env", "docker", "-o", f"image={image}", f"sleep {marker}")
+    try:
+        assert wait_until(lambda: any(_sleeps_in(c, marker) for c in _containers_of(proc.pid)), 90)
+        [container] = _containers_of(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(WAIT) == 128 + sig
+        assert _containers_of(proc.pid) == [], "the container outlived the CLI"
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in _containers_of(proc.pid):
+            c.remove(force=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.docker
+def test_docker_persistent_container_stays_but_the_command_is_stopped(tmp_path, image):
+    marker = _marker()
+    task = f"sig-{uuid.uuid4().hex[:8]}"
+    proc = _start(
+        tmp_path, "run", "--env", "docker", "-o", f"image={image}", "-o", "persistent=true", "-o", f"task_id={task}",
+        f"sleep {marker}",
+    )
+    from tests.support.docker_engine import ensure_engine
+
+    client = ensure_engine()
+
+    def mine() -> list[object]:
+        return client.containers.list(all=True, filters={"label": f"hermes-env.task-id={task}"})
+
+    try:
+        assert wait_until(lambda: any(_sleeps_in(c, marker) for c in mine()), 90)
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(WAIT) == 129
+        [container] = mine()
+        container.reload()  # type: ignore[attr-defined]
+        assert container.status == "running"  # type: ignore[attr-defined]
+        assert not _sleeps_in(container, marker), "the command outlived the CLI in a kept container"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in mine():
+            c.remove(force=True)  # type: ignore[attr-defined]
