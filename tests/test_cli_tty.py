@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -227,25 +228,25 @@ def test_the_shell_runs_a_python_repl_and_terminal_tools_in_the_session(pane, ba
 
 
 def test_run_tty_passes_window_size_changes_and_ctrl_c_to_the_program(pane, backend):
-    p = pane("run", "--tty", *backend, "trap 'echo got-winch' WINCH; PS1='tty-prompt$ ' bash --norc -i")
-    p.wait_for(r"^tty-prompt\$ ")
-    p.line("stty size")
-    p.wait_for(rf"^{ROWS} {COLS}$")
-    p.wait_for(r"^tty-prompt\$ ", after=1)
+    p = pane("run", "--tty", *backend, "python3")
+    p.wait_for(r"^>>> ")
+    p.line("import os, signal, subprocess; os.get_terminal_size()")
+    p.wait_for(rf"^os.terminal_size\(columns={COLS}, lines={ROWS}\)$")
+    p.line("signal.signal(signal.SIGWINCH, lambda *a: os.write(1, b'winch %d %d\\r\\n' % os.get_terminal_size()))")
+    p.wait_for(r"^>>> ", after=2)
     p.resize(120, 40)
-    p.line("stty size; echo $COLUMNS")
-    p.wait_for(r"^40 120\n120$")
-    p.wait_for(r"^tty-prompt\$ ", after=2)
-    # Ctrl-C goes to the program's foreground process group on its own terminal: sleep ends, bash stays.
-    p.line("sleep 100")
-    p.wait_for(r"\$ sleep 100$")
+    p.wait_for(r"winch 120 40$")  # the program got SIGWINCH, its terminal has the new size
+    p.line("r = subprocess.run(['stty', 'size'])")
+    p.wait_for(r"^40 120$")
+    # Ctrl-C goes to the program's foreground process group on its terminal: sleep and python get
+    # SIGINT, the REPL stays.
+    p.line("subprocess.run(['sleep', '100'])")
+    p.wait_for(r"^>>> subprocess.run\(\['sleep', '100'\]\)$")
     p.key("C-c")
-    p.wait_for(r"^tty-prompt\$ ", after=3, timeout=20)
-    p.line("echo status-$?")
-    p.wait_for(r"^status-130$")
-    p.line("exit 5")
+    p.wait_for(r"^KeyboardInterrupt$")
+    p.line("exit(5)")
     m = p.wait_for(EXIT)
-    assert m.groups() == ("5", "restored")
+    assert m.groups() == ("5", "restored"), p.screen()
 
 
 def test_ctrl_c_interrupts_sleep_in_the_shell_without_ending_it(pane, backend):
@@ -258,8 +259,8 @@ def test_ctrl_c_interrupts_sleep_in_the_shell_without_ending_it(pane, backend):
     p.line(":tty on")
     p.wait_for(r"^tty: on$")
     _prompt(p, 2)
-    p.line("sleep 100")  # on a terminal: Ctrl-C reaches sleep through it
-    p.wait_for(r"\$ sleep 100$", after=1)
+    p.line("sleep 0 && echo on-a-$(tty | cut -c1-8) && sleep 100")  # on a terminal: Ctrl-C reaches sleep there
+    p.wait_for(r"^on-a-/dev/pts$")
     p.key("C-c")
     _prompt(p, 3)
     assert re.search(r"\[130\]\$", p.screen())
@@ -275,6 +276,22 @@ def test_run_tty_returns_the_status_and_restores_the_terminal_after_ctrl_c(pane,
     p.key("C-c")
     m = p.wait_for(EXIT)
     assert m.groups() == ("130", "restored")
+
+
+def test_sigterm_ends_the_program_and_restores_the_terminal(pane):
+    p = pane("run", "--tty", "--env", "local", "echo ready-$$; exec sleep 100")
+    m = p.wait_for(r"^ready-(\d+)$")
+    sleeper = int(m.group(1))
+    shell_pid = int(p._t("display-message", "-p", "#{pane_pid}").strip())
+    children = Path(f"/proc/{shell_pid}/task/{shell_pid}/children").read_text().split()
+    assert len(children) == 1
+    os.kill(int(children[0]), signal.SIGTERM)
+    assert p.wait_for(EXIT).groups() == ("143", "restored")
+    assert "stopped by SIGTERM" in p.screen()
+    deadline = time.monotonic() + WAIT
+    while Path(f"/proc/{sleeper}").exists() and Path(f"/proc/{sleeper}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the program outlived hermes-env"
+        time.sleep(0.05)
 
 
 def test_run_tty_passes_piped_input_on_and_its_end_as_ctrl_d(backend, tmp_path):
