@@ -246,3 +246,97 @@ def test_docker_persistent_container_stays_but_the_command_is_stopped(tmp_path, 
             proc.wait()
         for c in mine():
             c.remove(force=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.docker
+def test_docker_signal_while_the_container_starts_leaves_no_container(tmp_path, image):
+    # The signal comes while the environment is being made: it waits for that to finish, then all is undone.
+    proc = _start(tmp_path, "run", "--env", "docker", "-o", f"image={image}", "sleep 100")
+    try:
+        assert wait_until(lambda: bool(_containers_of(proc.pid)) or proc.poll() is not None, 90)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 143
+        assert _containers_of(proc.pid) == [], "the container outlived the CLI"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in _containers_of(proc.pid):
+            c.remove(force=True)  # type: ignore[attr-defined]
+
+
+# -- an interactive shell in a terminal ------------------------------------------------------------
+
+
+def _shell_in_a_terminal(tmp_path: Path) -> tuple[int, int]:
+    import pty
+
+    argv = [HERMES_ENV, "shell"]
+    env = {**_env(), "TERM": "dumb", "INPUTRC": "/dev/null", "XDG_STATE_HOME": str(tmp_path)}
+    where = str(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:  # only async-signal-safe calls here: this process has threads
+        try:
+            os.chdir(where)
+            os.execve(HERMES_ENV, argv, env)
+        finally:
+            os._exit(127)
+    return pid, fd
+
+
+def _read_until_prompt(fd: int) -> bytes:
+    import re
+    import select
+    import time
+
+    prompt = re.compile(rb"\(local\) [^\r\n]*\$ $")
+    data = bytearray()
+    deadline = time.monotonic() + WAIT
+    while not prompt.search(data):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no prompt; got {bytes(data)!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"EOF before the prompt; got {bytes(data)!r}"
+            data += chunk
+    return bytes(data)
+
+
+def _wait_status(pid: int, timeout: float) -> int | None:
+    """The exit status of child ``pid`` once it ends (None if it has not after ``timeout``)."""
+    status: list[int] = []
+
+    def ended() -> bool:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            status.append(os.waitstatus_to_exitcode(raw))
+        return bool(status)
+
+    wait_until(ended, timeout)
+    return status[0] if status else None
+
+
+@pytest.mark.parametrize("when", ["running", "at the prompt"])
+def test_a_closed_terminal_sighup_ends_the_interactive_shell_and_its_command(tmp_path, when):
+    marker = _marker()
+    pid, fd = _shell_in_a_terminal(tmp_path)
+    tree: list[psutil.Process] = []
+    status: int | None = None
+    try:
+        _read_until_prompt(fd)
+        if when == "running":
+            os.write(fd, f"sleep {marker}\n".encode())
+            assert wait_until(lambda: tree.extend(_sleep_in_tree(pid, marker) or []) or bool(tree), WAIT)
+        os.kill(pid, signal.SIGHUP)
+        status = _wait_status(pid, WAIT)
+        assert status == 129
+        assert not [p.pid for p in tree if _alive(p)], "the command outlived the shell's terminal"
+        assert _cgroup_dirs_of(pid) == []
+    finally:
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+        for p in tree:
+            if _alive(p):
+                p.kill()

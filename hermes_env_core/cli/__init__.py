@@ -21,10 +21,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import mcp as mcp_cli
+from ..config import ConfigWarning
 from ..environment.result import ExecResult
 from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
+from ..sync import cli as sync_cli
 from . import info, shell, tty
 from .signals import SignalExit, SignalGuard
 from .common import (
@@ -52,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     # mcp serves over asyncio and handles these signals itself (mcp.serve).
     guard = None if args.func is mcp_cli.main else SignalGuard(keyboard_interrupt=_keyboard_interrupts(args))
-    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)), guard or contextlib.nullcontext():
+    quiet = getattr(args, "lists_plugins", False)
+    # `config` lists ignored settings itself, with the reason.
+    with _one_line_warnings(quiet=quiet, quiet_config=args.func is info.cmd_config), guard or contextlib.nullcontext():
         try:
             status = int(args.func(args))
         except SignalExit as exc:
@@ -133,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_run)
     background_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
+    sync_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
 
     p = add_command(
         sub,
@@ -193,15 +198,21 @@ def format_stats(result: ExecResult) -> str:
 
 
 @contextlib.contextmanager
-def _one_line_warnings(*, quiet: bool) -> Iterator[None]:
-    """Plugin warnings as one line each (or not at all where the command lists them anyway)."""
+def _one_line_warnings(*, quiet: bool, quiet_config: bool = False) -> Iterator[None]:
+    """Plugin and configuration warnings as one line each (or not at all where the command lists them anyway)."""
     original = warnings.showwarning
+    seen: set[str] = set()
 
     def show(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: Any, **kw: Any
     ) -> None:
         if issubclass(category, PluginLoadWarning):
             if not quiet:
+                print(f"{PROG}: warning: {message}", file=sys.stderr)
+            return
+        if issubclass(category, ConfigWarning):
+            if not quiet_config and str(message) not in seen:
+                seen.add(str(message))
                 print(f"{PROG}: warning: {message}", file=sys.stderr)
             return
         original(message, category, filename, lineno, *rest, **kw)

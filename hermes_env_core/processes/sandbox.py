@@ -25,7 +25,7 @@ from .process import ProcessError, ProcessStatus
 if TYPE_CHECKING:
     from .process import BackgroundProcess
 
-__all__ = ["DEFAULT_POLL", "PollSettings", "SandboxDriver", "run_script"]
+__all__ = ["DEFAULT_POLL", "PollSettings", "SandboxDriver", "missing_tools", "run_script", "target_label"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,21 @@ class PollSettings:
 
 
 DEFAULT_POLL = PollSettings()
+
+def target_label(env: BaseEnvironment) -> str:
+    """The target as a user names it: ``image 'python:3.12'`` where there is an image, else its backend."""
+    image = getattr(env.config, "image", None)
+    return f"image {image!r}" if isinstance(image, str) and image else f"the {env.name} target"
+
+
+def missing_tools(env: BaseEnvironment, names: tuple[str, ...] = scripts.REQUIRED_TOOLS) -> list[str]:
+    """Which of ``names`` the target lacks (for ``hermes-env doctor``)."""
+    _, out = run_script(env, scripts.tools_script(names), timeout=60.0)
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line.startswith("hermes-bg-missing "):
+            return line.split()[1:]
+    return []
+
 
 def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[int, bytes]:
     """Run a helper script in the target, bypassing the session (its state is neither restored nor saved).
@@ -150,9 +165,17 @@ class SandboxDriver:
                 except (IndexError, ValueError):
                     break
                 return cls(env, dir=d, pid=(c, ct), wrapper=(w, wt), pty=pty, poll=poll)
+            if line.startswith("hermes-bg-missing "):
+                missing = line.split()[1:]
+                raise UnsupportedOperation(
+                    f"{env.name}: background processes need {', '.join(scripts.REQUIRED_TOOLS)} in the target "
+                    f"(coreutils), and {target_label(env)} has no {', '.join(missing)}: install coreutils there "
+                    "(or use an image that has it)"
+                )
             if "hermes-bg-error no-script" in line:
                 raise UnsupportedOperation(
-                    f"{env.name}: pty=True needs script(1) from util-linux in the target; it is not installed there"
+                    f"{env.name}: pty=True needs script(1) from util-linux in the target; {target_label(env)} "
+                    "has none"
                 )
         raise ProcessError(f"{env.name}: could not start a background process (exit {code}): {text.strip()[-500:]}")
 
