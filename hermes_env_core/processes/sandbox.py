@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import select
 import threading
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..environment.base import BaseEnvironment
-from ..errors import BackendError, EnvironmentUnavailable, UnsupportedOperation
+from ..errors import BackendError, EnvironmentUnavailable, HermesEnvError, UnsupportedOperation
 from . import sandbox_scripts as scripts
 from .process import ProcessError, ProcessStatus
 
@@ -290,6 +291,22 @@ class SandboxDriver:
         code, _ = self._run(scripts.resize_script(self.dir, rows, cols), "resize")
         if code != 0:
             raise ProcessError(f"background process pid {self.pid}: its terminal is not known yet")
+
+    def open_stream(self) -> Any | None:
+        """A channel to the target copying its stdin into the process's input FIFO and the
+        process's output file, from the start, to its stdout until the wrapper ends; None
+        when the environment opens no channels."""
+        if not self.env.offers_channel or self.env.closed:
+            return None
+        # <> on the FIFO: the open never blocks, even when the process has just ended.
+        script = (
+            f"d={shlex.quote(self.dir)}; cat <&0 1<>\"$d/in\" 2>/dev/null & "
+            f'exec tail -c +1 -s 0.05 --pid={int(self._wrapper[0])} -f "$d/out"'
+        )
+        try:
+            return self.env._open_channel(["bash", "-c", script])
+        except (HermesEnvError, NotImplementedError):
+            return None
 
     def waiting_now(self, quiet_s: float) -> bool:
         """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY processes)"""
