@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes_env_core.cli.tty import INTERACTIVE_PROGRAMS, needs_terminal, simple_commands, state_changes
+from hermes_env_core.cli.ttylines import INTERACTIVE_PROGRAMS, needs_terminal, simple_commands, state_changes
 from tests.support.sshd import in_ci
 
 HERMES_ENV = os.path.join(os.path.dirname(sys.executable), "hermes-env")
@@ -152,7 +152,8 @@ def _tty_image(client, base: str) -> str:
     return tag
 
 
-@pytest.fixture(params=["local", "docker", "ssh"])
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker),
+                        pytest.param("ssh", marks=pytest.mark.ssh)])
 def backend(request, tmp_path) -> list[str]:
     """The ``--env ... -o ...`` words that open the backend."""
     if request.param == "local":
@@ -213,15 +214,18 @@ def test_the_shell_runs_a_python_repl_and_terminal_tools_in_the_session(pane, ba
     p.line("exit(4)")
     _prompt(p, 2)
     assert re.search(r"\[4\]\$", p.screen())  # the status of the program is the line's
+    p.line('echo "status-$?"')  # and the session's
+    p.wait_for(r"^status-4$")
+    _prompt(p, 3)
     p.line(":tty hx 7")
     p.wait_for(r"^fn-7-from-session$")
-    _prompt(p, 3)
+    _prompt(p, 4)
     p.line("tput cols; stty size")
     p.wait_for(rf"^{COLS}\n{ROWS} {COLS}$")
-    _prompt(p, 4)
+    _prompt(p, 5)
     p.line("top -b -n1 | head -3")
     p.wait_for(r"^top - .*load average")
-    _prompt(p, 5)
+    _prompt(p, 6)
     p.line("exit")
     m = p.wait_for(EXIT)
     assert m.groups() == ("0", "restored")
@@ -292,6 +296,20 @@ def test_sigterm_ends_the_program_and_restores_the_terminal(pane):
     while Path(f"/proc/{sleeper}").exists() and Path(f"/proc/{sleeper}/stat").read_text().split()[2] != "Z":
         assert time.monotonic() < deadline, "the program outlived hermes-env"
         time.sleep(0.05)
+
+
+@pytest.mark.docker
+def test_run_tty_without_channels_goes_through_the_process_polls(pane):
+    from tests.support.docker_engine import ensure_engine, ensure_test_image
+
+    client = ensure_engine()
+    image = _tty_image(client, ensure_test_image(client))
+    p = pane("run", "--tty", "--env", "docker", "-o", f"image={image}", "-o", "channel=false", "python3")
+    p.wait_for(r"^>>> ")
+    p.line("print(6*7)")
+    p.wait_for(r"^42$")
+    p.line("exit(6)")
+    assert p.wait_for(EXIT).groups() == ("6", "restored")
 
 
 def test_run_tty_passes_piped_input_on_and_its_end_as_ctrl_d(backend, tmp_path):

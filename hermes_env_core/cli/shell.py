@@ -124,12 +124,17 @@ def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
             rest = (forced.group(1) or "").strip()
             if rest in tty.TTY_MODES or not rest:
                 state.tty_mode = rest or state.tty_mode
-                print(f"tty: {state.tty_mode}" + ("" if interactive else " (no terminal here: lines run without one)"))
+                if interactive:
+                    print(f"tty: {state.tty_mode}")
+                else:
+                    print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
                 continue
             command = rest
         if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
             tty.print_state_warning(command)
             state.last = tty.run_tty(env, command, newline_after=True)
+            # The session's $? follows, as after any other line.
+            env.execute(f"( exit {state.last} )")
             continue
         result = execute(env, command, out=sys.stdout, newline_after=interactive)
         print_notes(result)

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _WRITE_CHUNK = 16 * 1024
 _SCRIPT_SLACK_S = 30.0  # beyond a script's own waiting, before it counts as hung
+_STREAM_HELLO = b"hermes-env-stream\n"
 
 
 @dataclass(frozen=True)
@@ -295,18 +296,33 @@ class SandboxDriver:
     def open_stream(self) -> Any | None:
         """A channel to the target copying its stdin into the process's input FIFO and the
         process's output file, from the start, to its stdout until the wrapper ends; None
-        when the environment opens no channels."""
-        if not self.env.offers_channel or self.env.closed:
+        when the environment opens no channels (or they are turned off) or the target has
+        no GNU tail (``--pid``)."""
+        if not self.env.offers_channel or not getattr(self.env.config, "channel", True) or self.env.closed:
             return None
         # <> on the FIFO: the open never blocks, even when the process has just ended.
         script = (
+            "tail --version 2>/dev/null | grep -q GNU || exit 3; "
             f"d={shlex.quote(self.dir)}; cat <&0 1<>\"$d/in\" 2>/dev/null & "
+            f"builtin printf '{_STREAM_HELLO.decode()}'; "
             f'exec tail -c +1 -s 0.05 --pid={int(self._wrapper[0])} -f "$d/out"'
         )
         try:
-            return self.env._open_channel(["bash", "-c", script])
+            stream = self.env._open_channel(["bash", "-c", script])
         except (HermesEnvError, NotImplementedError):
             return None
+        # Only a stream whose relay started takes keys: else they would go nowhere.
+        head = b""
+        while len(head) < len(_STREAM_HELLO):
+            data = stream.read(len(_STREAM_HELLO) - len(head))
+            if not data:
+                stream.close()
+                return None
+            head += data
+        if head != _STREAM_HELLO:
+            stream.close()
+            return None
+        return stream
 
     def waiting_now(self, quiet_s: float) -> bool:
         """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY processes)"""
