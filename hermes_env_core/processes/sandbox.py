@@ -298,7 +298,13 @@ class SandboxDriver:
         process's output file, from the start, to its stdout until the wrapper ends; None
         when the environment opens no channels (or they are turned off) or the target has
         no GNU tail (``--pid``)."""
-        if not self.env.offers_channel or not getattr(self.env.config, "channel", True) or self.env.closed:
+        opener = getattr(self.env, "_open_channel", None)
+        if (
+            not callable(opener)
+            or not getattr(self.env, "offers_channel", False)
+            or not getattr(self.env.config, "channel", True)
+            or self.env.closed
+        ):
             return None
         # <> on the FIFO: the open never blocks, even when the process has just ended.
         script = (
@@ -308,8 +314,8 @@ class SandboxDriver:
             f'exec tail -c +1 -s 0.05 --pid={int(self._wrapper[0])} -f "$d/out"'
         )
         try:
-            stream = self.env._open_channel(["bash", "-c", script])
-        except (HermesEnvError, NotImplementedError):
+            stream = opener(["bash", "-c", script])
+        except (HermesEnvError, NotImplementedError, OSError):
             return None
         # Only a stream whose relay started takes keys: else they would go nowhere.
         head = b""
