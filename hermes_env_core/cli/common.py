@@ -166,9 +166,16 @@ def environment(
         if guard is not None:
             guard.check()
         yield env
-    finally:
-        with guard.deferred() if guard is not None else contextlib.nullcontext():
-            env.close()
+    except BaseException:
+        # The error raised first is the exit status; one from close (a failed pull-back) is still said.
+        try:
+            with guard.deferred() if guard is not None else contextlib.nullcontext():
+                env.close()
+        except HermesEnvError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise
+    with guard.deferred() if guard is not None else contextlib.nullcontext():
+        env.close()
 
 
 class SyncProgressBar:
