@@ -346,3 +346,32 @@ def test_a_closed_terminal_sighup_ends_the_interactive_shell_and_its_command(tmp
         for p in tree:
             if _alive(p):
                 p.kill()
+
+
+def test_cgroups_of_a_cli_killed_outright_are_removed_by_the_next_one(tmp_path):
+    # SIGKILL cannot be caught: what the killed CLI made is swept by the next hermes-env that starts.
+    marker = _marker()
+    proc = _start(tmp_path, "run", f"sleep {marker}")
+    tree: list[psutil.Process] = []
+    try:
+        assert wait_until(lambda: tree.extend(_sleep_in_tree(proc.pid, marker) or []) or bool(tree), WAIT)
+        left = _cgroup_dirs_of(proc.pid)
+        if not left:
+            pytest.skip("no cgroup can be made for local commands here")
+        proc.kill()
+        proc.wait()
+        for p in tree:  # the orphaned command: a cgroup with a process in it is never removed
+            if _alive(p):
+                p.kill()
+        assert wait_until(lambda: not any(_alive(p) for p in tree), WAIT)
+        assert _cgroup_dirs_of(proc.pid) == left
+        after = subprocess.run([HERMES_ENV, "run", "true"], env=_env(), cwd=tmp_path, timeout=WAIT * 2)
+        assert after.returncode == 0
+        assert _cgroup_dirs_of(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in tree:
+            if _alive(p):
+                p.kill()
