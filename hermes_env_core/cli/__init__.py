@@ -27,7 +27,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from ..sync import cli as sync_cli
-from . import info, shell
+from . import info, shell, tty
 from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stdin", action="store_true", help="pass this process's standard input to the command")
     p.add_argument("--stats", action="store_true", help="after the output, print what the command cost (on stderr)")
+    p.add_argument("--tty", action="store_true", help="run it on a terminal, keys and window size passed on (REPLs, top)")
     background_cli.add_run_arguments(p)
     p.add_argument(
         "command",
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quote, a heredoc) continues on the next; Tab completes from the target. No timeout unless --timeout.",
         parents=[env_opts, cmd_opts],
     )
+    shell.add_arguments(p)
     p.set_defaults(func=shell.cmd_shell)
 
     info.add_commands(sub, env_opts)
@@ -165,6 +167,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     command = words[0] if len(words) == 1 else shlex.join(words)
     if not command.strip():
         raise UsageError("run: no command given")
+    if getattr(args, "tty", False):
+        return tty.cmd_run(args, command)
     if getattr(args, "background", False):
         with environment(args, background=True) as env:
             return background_cli.run_background(args, env, command)

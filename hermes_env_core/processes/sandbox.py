@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import select
 import threading
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..environment.base import BaseEnvironment
-from ..errors import BackendError, EnvironmentUnavailable, UnsupportedOperation
+from ..errors import BackendError, EnvironmentUnavailable, HermesEnvError, UnsupportedOperation
 from . import sandbox_scripts as scripts
 from .process import ProcessError, ProcessStatus
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _WRITE_CHUNK = 16 * 1024
 _SCRIPT_SLACK_S = 30.0  # beyond a script's own waiting, before it counts as hung
+_STREAM_HELLO = b"hermes-env-stream\n"
 
 
 @dataclass(frozen=True)
@@ -290,6 +292,43 @@ class SandboxDriver:
         code, _ = self._run(scripts.resize_script(self.dir, rows, cols), "resize")
         if code != 0:
             raise ProcessError(f"background process pid {self.pid}: its terminal is not known yet")
+
+    def open_stream(self) -> Any | None:
+        """A channel to the target copying its stdin into the process's input FIFO and the
+        process's output file, from the start, to its stdout until the wrapper ends; None
+        when the environment opens no channels (or they are turned off) or the target has
+        no GNU tail (``--pid``)."""
+        opener = getattr(self.env, "_open_channel", None)
+        if (
+            not callable(opener)
+            or not getattr(self.env, "offers_channel", False)
+            or not getattr(self.env.config, "channel", True)
+            or self.env.closed
+        ):
+            return None
+        # <> on the FIFO: the open never blocks, even when the process has just ended.
+        script = (
+            "tail --version 2>/dev/null | grep -q GNU || exit 3; "
+            f"d={shlex.quote(self.dir)}; cat <&0 1<>\"$d/in\" 2>/dev/null & "
+            f"builtin printf '{_STREAM_HELLO.decode()}'; "
+            f'exec tail -c +1 -s 0.05 --pid={int(self._wrapper[0])} -f "$d/out"'
+        )
+        try:
+            stream = opener(["bash", "-c", script])
+        except (HermesEnvError, NotImplementedError, OSError):
+            return None
+        # Only a stream whose relay started takes keys: else they would go nowhere.
+        head = b""
+        while len(head) < len(_STREAM_HELLO):
+            data = stream.read(len(_STREAM_HELLO) - len(head))
+            if not data:
+                stream.close()
+                return None
+            head += data
+        if head != _STREAM_HELLO:
+            stream.close()
+            return None
+        return stream
 
     def waiting_now(self, quiet_s: float) -> bool:
         """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY processes)"""

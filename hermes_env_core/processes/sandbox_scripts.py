@@ -68,9 +68,11 @@ trap 'exec 3>&- 2>/dev/null; __i=1' USR1
 exec 3<>"$d/in"
 # Started as a job (set -m): a plain `&` would start it with SIGINT and
 # SIGQUIT ignored, for good; as a job it also gets a process group of its own.
+# script(1) runs its command with $SHELL -c, /bin/sh where unset: exec, so that
+# no shell (dash) in the terminal's foreground group turns a Ctrl-C into 130.
 set -m
 if [ -n "$pty" ]; then
-  __hermes_bg_f=$d/script script -qfec "bash ${d@Q}/ptyrun" /dev/null <"$d/in" >>"$d/out" 2>&1 3>&- &
+  __hermes_bg_f=$d/script script -qfec "exec bash ${d@Q}/ptyrun" /dev/null <"$d/in" >>"$d/out" 2>&1 3>&- &
 else
   __hermes_bg_f=$d/script bash $login -c 'builtin source "$__hermes_bg_f"' <"$d/in" >>"$d/out" 2>&1 3>&- &
 fi
