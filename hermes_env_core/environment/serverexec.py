@@ -395,6 +395,7 @@ class ServerRunner:
             self._control.signal(server.pid, "KILL", since(), server=2, last_pid=last)
         except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
             _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
+            self._sweep = True  # try again once the target answers
             if self._control is not None:
                 self._control.close()
                 self._control = None
