@@ -287,9 +287,11 @@ class SessionServer:
         nonce = secrets.token_hex(12)
         head = f"{self.private_dir}\n{'-l' if login else ''}\n".encode()
         init_text = (
-            "{ builtin exec 3<&-; builtin cd -- \"$__hermes_start\" 2>/dev/null; builtin export -n __hermes_start; "
+            "{ exec 3<&-; (builtin umask 077; : >|in); builtin cd -- \"$__hermes_start\" 2>/dev/null; builtin export -n __hermes_start; "
             "builtin unset -v __hermes_start OLDPWD; builtin shopt -s expand_aliases; "
-            f"builtin printf '\\036{nonce}:H%s %s\\n' \"$$\" \"$BASH_VERSION\"; }} 2>/dev/null\n"
+            "[[ -r /proc/$$/fd/255 ]] && command -v head >/dev/null && __hermes_h=head || __hermes_h=-; "
+            f"builtin printf '\\036{nonce}:H%s %s %s\\n' \"$$\" \"$__hermes_h\" \"$BASH_VERSION\"; "
+            "builtin unset -v __hermes_h; } 2>/dev/null\n"
             + (f"{{ {init}\n}} >/dev/null 2>&1\n" if init.strip() else "")
             + "{ __hermes_r=0 __hermes_l=; } 2>/dev/null\n"
         )
@@ -311,8 +313,10 @@ class SessionServer:
         line, _, self._buf = self._buf.partition(b"\n")
         m = re.search(rb"\x1elogin-failed (\d+)", b"".join(noise))
         self.login_failed = int(m.group(1)) if m else None
-        pid, _, version = line.decode(errors="replace").partition(" ")
+        pid, _, rest = line.decode(errors="replace").partition(" ")
+        tool, _, version = rest.partition(" ")
         self.pid = int(pid) if pid.isdigit() else 0
+        self.has_head = tool == "head"
         self.bash_version = version
 
     # -- commands --------------------------------------------------------------
@@ -342,9 +346,18 @@ class SessionServer:
                 'if [[ -n $__hermes_xt ]]; then builtin eval "$__hermes_xt"; else builtin trap - EXIT; fi; fi; '
                 "builtin unset -v __hermes_xt"
             )
-        if stdin is not None:
+        data = b""
+        if stdin is not None and self.has_head and stdin:
+            # The bytes follow this line in the stream; head reads exactly that many (bash
+            # itself would read them one by one) into a private file the command reads.
+            inf = shlex.quote(self.private_dir + "/in")
+            # (bash refuses a redirection from its own script descriptor; the same pipe through /proc is fine)
+            pre.append(f"command head -c {len(stdin)} </proc/$$/fd/255 >|{inf}; exec 0<{inf}")
+            post.append(f"exec 0</dev/null; : >|{inf}")
+            data = stdin
+        elif stdin is not None:
             pre.append(stdin_statement(stdin))
-            post.append("builtin exec 0</dev/null")
+            post.append("exec 0</dev/null")
         cwdfail = ""
         if cwd is not None:
             q = quote_dir(cwd)
@@ -364,7 +377,7 @@ class SessionServer:
         # The first copy ends at a NUL (a command never holds one); after the report,
         # a comment line that a command skipped for its syntax error reads up to.
         self.dirty = True
-        self._send(_L1.encode() + body + b"\0" + l2 + c2 + l3 + f"#{nonce}\n".encode())
+        self._send(_L1.encode() + body + b"\0" + l2 + data + c2 + l3 + f"#{nonce}\n".encode())
         return nonce
 
     def wait_started(self, nonce: str, deadline: float) -> int:
