@@ -71,7 +71,8 @@ def test_a_chatty_background_job_never_blocks_the_session(env):
     r = env.execute("(for i in $(seq 1 20000); do echo chatter-$i; done) & echo go")
     assert r.output.startswith("go\n") or "go\n" in r.output
     for _ in range(5):
-        assert env.execute("echo still").output.endswith("still\n")
+        r = env.execute("echo still")
+        assert r.exit_code == 0 and "still" in r.output.splitlines()
     env.execute("wait")
 
 
