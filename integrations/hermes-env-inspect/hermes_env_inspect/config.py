@@ -8,6 +8,7 @@ sandbox takes exactly the options of ``hermes-env run`` and the TOML file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ class HermesSandboxConfig(BaseModel):
             "backends that share this machine's filesystem (local), else 'session'."
         ),
     )
+
+    def __hash__(self) -> int:  # inspect keys its caches by the config: options is a dict
+        return hash(json.dumps(self.model_dump(), sort_keys=True, default=str))
 
     @field_validator("workdir")
     @classmethod
