@@ -177,6 +177,10 @@ class ExecStream:
         self._task: asyncio.Task[ExecResult] | None = None
         self._finished = False
 
+    def start(self) -> None:
+        """Start the command now rather than at the first iteration (needs a running loop)."""
+        self._start()
+
     def _start(self) -> asyncio.Task[ExecResult]:
         if self._task is None:
             loop = asyncio.get_running_loop()

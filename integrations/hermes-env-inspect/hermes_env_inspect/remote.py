@@ -79,7 +79,7 @@ class HermesRemoteProcess(ExecRemoteProcess):
 
     def _take_stdout(self, final: bool) -> str:
         """stdout that is surely not the start of the closing line; all of it once ``final``."""
-        trailer = "\n" + self._tag + " "
+        trailer = self._tag + " "
         at = self._buffer.find(trailer)
         if at >= 0:
             out, self._buffer = self._buffer[:at], self._buffer[at:]
@@ -102,7 +102,7 @@ class HermesRemoteProcess(ExecRemoteProcess):
         if result.timed_out or result.interrupted:
             self._killed = True
             return []
-        answer = scripts.parse_answer(self._tag, self._buffer.lstrip("\n"))
+        answer = scripts.parse_answer(self._tag, self._buffer)
         fields = answer.fields
         if len(fields) < 4:
             raise scripts.ProtocolError(f"bad exec_remote answer: {fields!r}")

@@ -12,6 +12,8 @@ import errno
 import json
 import logging
 import shlex
+import shutil
+import sys
 from typing import Any, Literal, Union, overload
 
 from inspect_ai.util import (
@@ -317,7 +319,10 @@ class HermesSandboxEnvironment(SandboxEnvironment):
             raise NotImplementedError(
                 f"hermes sandbox: a connection as user {user!r} is only offered on docker (backend {self.backend!r})"
             )
-        argv = ["hermes-env", "shell", "--env", self.backend]
+        # this interpreter's hermes-env, whether or not its bin directory is on PATH
+        found = shutil.which("hermes-env")
+        argv = [found] if found else [sys.executable, "-m", "hermes_env_core.cli"]
+        argv += ["shell", "--env", self.backend]
         if self.config.config_file:
             argv += ["--config-file", self.config.config_file]
         for key, value in self.config.options.items():

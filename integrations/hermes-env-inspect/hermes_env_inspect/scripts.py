@@ -172,13 +172,13 @@ def stream_script(
     stdin_file: str | None,
 ) -> str:
     """Like ``exec_script`` but stdout flows live: first a ``TAG-started`` line, then the
-    command's stdout, then a newline and ``TAG rc err_bytes kind detail``, then stderr (base64, ``.``)."""
+    command's stdout, then (right after it) ``TAG rc err_bytes kind detail``, then stderr (base64, ``.``)."""
     lines = ["(", _control_dir(ctl), f"printf '%s-started\\n' {tag}"] + _command_lines(argv, cwd=cwd, env=env, user=user)
     lines += [
         ") " + (f"< {_q(stdin_file)} " if stdin_file else "") + '2> "$__hi_d/e"',
         "__hi_s=$?",
         _EXEC_KIND,
-        f"printf '\\n%s %s %s %s\\n' {tag} \"$__hi_s\" \"$(command wc -c < \"$__hi_d/e\")\" \"$__hi_x\"",
+        f"printf '%s %s %s %s\\n' {tag} \"$__hi_s\" \"$(command wc -c < \"$__hi_d/e\")\" \"$__hi_x\"",
         'command base64 < "$__hi_d/e"; echo .',
         'command rm -rf -- "$__hi_d"',
     ]
