@@ -67,7 +67,7 @@ def test_stream_yields_output_while_the_command_runs(tmp_path: Path) -> None:
             chunks: list[str] = []
             stream = env.stream(f"echo first; while [ ! -e {flag} ]; do sleep 0.02; done; echo second; exit 4")
             with pytest.raises(RuntimeError, match="not finished"):
-                stream.result
+                _ = stream.result
             async for chunk in stream:
                 chunks.append(chunk)
                 if "first" in "".join(chunks) and not flag.exists():

@@ -26,14 +26,14 @@ class HermesSandboxConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: str | None = Field(
-        None, description="hermes-env backend (local, docker, ssh, ...); default $TERMINAL_ENV, the file, else local."
+        default=None, description="hermes-env backend (local, docker, ssh, ...); default $TERMINAL_ENV, the file, else local."
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Backend options, as `-o KEY=VALUE` or the TOML table would give them."
     )
-    config_file: str | None = Field(None, description="A hermes-env TOML file ([terminal] tables) to read options from.")
+    config_file: str | None = Field(default=None, description="A hermes-env TOML file ([terminal] tables) to read options from.")
     workdir: str | None = Field(
-        None,
+        default=None,
         description=(
             "Where relative paths and commands start: 'sample' (a fresh directory per sample, removed after), "
             "'session' (the environment's own start directory) or an absolute path. Default: 'sample' on "

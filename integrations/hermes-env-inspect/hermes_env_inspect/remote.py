@@ -47,7 +47,10 @@ class HermesRemoteProcess(ExecRemoteProcess):
 
     @classmethod
     async def launch(
-        cls, sandbox: HermesSandboxEnvironment, cmd: list[str], options: ExecRemoteStreamingOptions
+        cls,
+        sandbox: HermesSandboxEnvironment,
+        cmd: list[str],
+        options: ExecRemoteStreamingOptions | ExecRemoteAwaitableOptions,
     ) -> HermesRemoteProcess:
         """Start ``cmd``; returns once the target has begun running it."""
         proc = cls(sandbox, cmd, options)

@@ -14,7 +14,7 @@ import logging
 import shlex
 import shutil
 import sys
-from typing import Any, Literal, Union, overload
+from typing import Any, Literal, overload
 
 from inspect_ai.util import (
     ExecRemoteAwaitableOptions,
@@ -278,7 +278,7 @@ class HermesSandboxEnvironment(SandboxEnvironment):
     @overload
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
-    async def read_file(self, file: str, text: bool = True) -> Union[str, bytes]:
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         path = scripts.resolve_path(self.workdir, file)
         tag = scripts.new_tag()
@@ -359,7 +359,12 @@ class HermesSandboxEnvironment(SandboxEnvironment):
             return await super().exec_remote(cmd, options, stream=True)
         if stream:
             return await HermesRemoteProcess.launch(self, cmd, options or ExecRemoteStreamingOptions())
-        return await run_awaitable(self, cmd, options or ExecRemoteAwaitableOptions())
+        if not isinstance(options, ExecRemoteAwaitableOptions):
+            common = options or ExecRemoteStreamingOptions()
+            options = ExecRemoteAwaitableOptions(
+                input=common.input, cwd=common.cwd, env=common.env, user=common.user
+            )
+        return await run_awaitable(self, cmd, options)
 
     # used by remote.py
     async def _remote_stream(self, cmd: list[str], options: Any, tag: str) -> ExecStream:
