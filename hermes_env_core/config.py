@@ -41,9 +41,11 @@ import difflib
 import json
 import os
 import re
+import sys
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,7 @@ __all__ = [
     "FIELD_ENV_PREFIX",
     "ConfigFile",
     "ConfigValue",
+    "ConfigWarning",
     "IgnoredSetting",
     "MemorySize",
     "ResolvedConfig",
@@ -88,6 +91,10 @@ SOURCE_ARGUMENT = "argument"
 SOURCE_DEFAULT = "default"
 
 
+class ConfigWarning(UserWarning):
+    """A setting that looks misspelt (``TERMINAL_TIMOUT``, ``timout`` in ``[terminal]``): ignored, and said so."""
+
+
 @dataclass(frozen=True)
 class ConfigFile:
     """The ``[terminal]`` table of a config file, as read."""
@@ -109,11 +116,27 @@ class ConfigValue:
 
 @dataclass(frozen=True)
 class IgnoredSetting:
-    """A value that was set but does not apply to the selected backend, and why."""
+    """A value that was set but does not apply to the selected backend, and why.
+
+    ``misspelt``: no installed backend has that option, so it is most likely
+    a typo (``suggestion``, when set, is the close option name).
+    """
 
     key: str
     source: str
     reason: str
+    misspelt: bool = False
+    suggestion: str | None = None
+
+    def warning(self) -> str:
+        """One line saying what is ignored and what was probably meant."""
+        is_var = self.source.startswith("environment variable ")
+        shown = self.source.removeprefix("environment variable ") if is_var else f"{self.key!r} in {self.source}"
+        text = f"{shown} is ignored: no backend has an option {self.key!r}"
+        if self.suggestion is not None:
+            meant = f"{FIELD_ENV_PREFIX}{self.suggestion.upper()}" if is_var else repr(self.suggestion)
+            text += f"; did you mean {meant}?"
+        return text
 
 
 @dataclass(frozen=True)
@@ -205,6 +228,8 @@ def resolve_config(
 
         registry = get_registry()
     env = os.environ if environ is None else environ
+    if options is not None and isinstance(options.get("env"), str):
+        raise ConfigError(_env_is_not_the_backend(options["env"]))
     file = config_file if isinstance(config_file, ConfigFile) else load_config_file(config_file, environ=env)
 
     requested, backend_source = resolve_backend_name(name, environ=env, file=file)
@@ -272,6 +297,11 @@ def resolve_config(
         config = model.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(_validation_message(exc, backend, sources, file)) from None
+    if ignored:
+        ignored = _mark_misspellings(ignored, fields, registry)
+        for item in ignored:
+            if item.misspelt:
+                warnings.warn(item.warning(), ConfigWarning, stacklevel=_stacklevel_outside_package())
 
     effective = {key: ConfigValue(getattr(config, key), sources.get(key, SOURCE_DEFAULT)) for key in fields}
     return ResolvedConfig(
@@ -381,6 +411,55 @@ def _wants_json(annotation: Any) -> bool:
             if issubclass(origin, (collections.abc.Mapping, collections.abc.Collection)):
                 return True
     return False
+
+
+def _stacklevel_outside_package() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside hermes_env_core (the user's line)."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _mark_misspellings(
+    ignored: list[IgnoredSetting], fields: Mapping[str, Any], registry: BackendRegistry
+) -> list[IgnoredSetting]:
+    """Flag the ignored settings that no backend has and that look like an option's misspelling.
+
+    A ``TERMINAL_*`` variable counts only with a close match (the environment
+    holds other programs' variables too); a key of the file's ``[terminal]``
+    table always does, since that table is hermes-env's own.
+    """
+    every: set[str] = set(fields)
+    for name in registry.backends:
+        try:
+            every.update(registry.config_model(name).model_fields)
+        except Exception:  # noqa: BLE001 - a broken plugin must not break resolving another backend
+            continue
+    out = []
+    for item in ignored:
+        if item.key in every:
+            out.append(item)
+            continue
+        close = difflib.get_close_matches(item.key, list(fields), n=1) or difflib.get_close_matches(
+            item.key, sorted(every), n=1
+        )
+        suggestion = close[0] if close else None
+        from_env = item.source.startswith("environment variable ")
+        misspelt = suggestion is not None or not from_env
+        out.append(IgnoredSetting(item.key, item.source, item.reason, misspelt=misspelt, suggestion=suggestion))
+    return out
+
+
+def _env_is_not_the_backend(value: str) -> str:
+    return (
+        f"env={value!r}: in Python, env is the dict of environment variables for commands "
+        f"(env={{'DEBUG': '1'}}), not the backend; to choose the backend, pass backend={value!r} "
+        f"(create_environment(backend={value!r}, ...))"
+    )
 
 
 def _unknown_key(key: str, source: str, backend: str, fields: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ __all__ = [
     "HermesEnvError",
     "PluginLoadError",
     "SyncError",
+    "SyncConflictError",
     "TargetLostError",
     "UnsafeArchiveError",
     "UnsupportedOperation",
@@ -74,6 +75,18 @@ class UnsupportedOperation(HermesEnvError):
 
 class SyncError(HermesEnvError):
     """File sync to or from a remote environment failed."""
+
+
+class SyncConflictError(SyncError):
+    """A push refused because the target may hold changes that were never pulled back.
+
+    ``pending``: the ``PendingPull`` records (host path, remote path, when and
+    why the pull-back failed). A successful ``pull_files()`` lifts it.
+    """
+
+    def __init__(self, message: str, *, pending: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.pending = pending
 
 
 class UnsafeArchiveError(SyncError):

@@ -72,6 +72,8 @@ class EnvironmentFactory:
     def create(
         self, name: str | None = None, /, *, option_strings: Mapping[str, str] | None = None, **options: Any
     ) -> BaseEnvironment:
+        """Create an environment of backend ``name`` (or ``backend=``) with ``options``; see ``create_environment``."""
+        name = _backend_argument(name, options)
         resolved = self.resolve(name, option_strings=option_strings, **options)
         return self.create_resolved(resolved)
 
@@ -95,16 +97,30 @@ class EnvironmentFactory:
         return env
 
 
-def create_environment(name: str | None = None, /, **options: Any) -> BaseEnvironment:
-    """Create an environment of backend ``name`` with ``options``.
+def create_environment(backend: str | None = None, /, **options: Any) -> BaseEnvironment:
+    """Create an environment of ``backend`` with ``options``.
 
-    The backend is ``name``, else ``$TERMINAL_ENV``, else ``env`` in the
-    ``[terminal]`` table of the config file, else ``local``. Options are, by
-    precedence: these arguments > ``TERMINAL_<FIELD>`` variables > the config
-    file > the backend's defaults; they are validated by the backend's config
-    model, and an unknown key is a ``ConfigError`` naming it.
+    ``create_environment("docker", image="python:3.12")`` or
+    ``create_environment(backend="docker", image="python:3.12")``. The backend
+    is this argument, else ``$TERMINAL_ENV``, else ``env`` in the
+    ``[terminal]`` table of the config file, else ``local``. Note that in
+    Python ``env`` is the ``env`` option, the variables commands get
+    (``env={"DEBUG": "1"}``), not the backend. Options are, by precedence:
+    these arguments > ``TERMINAL_<FIELD>`` variables > the config file > the
+    backend's defaults; they are validated by the backend's config model, and
+    an unknown key is a ``ConfigError`` naming it.
     """
-    return EnvironmentFactory().create(name, **options)
+    return EnvironmentFactory().create(backend, **options)
+
+
+def _backend_argument(positional: str | None, options: dict[str, Any]) -> str | None:
+    """The backend from the positional argument or ``backend=`` (one of them), removed from ``options``."""
+    if "backend" not in options:
+        return positional
+    keyword = options.pop("backend")
+    if positional is not None and keyword is not None and positional != keyword:
+        raise TypeError(f"the backend is given twice: {positional!r} and backend={keyword!r}")
+    return positional if positional is not None else keyword
 
 
 @dataclass

@@ -180,10 +180,10 @@ def core_registry(monkeypatch):
     "args, needle",
     [
         (("run", "--env", "dokcer", "true"), "did you mean 'docker'?"),
-        (("run", "--env", "modal", "true"), "pip install hermes-env-modal"),
+        (("run", "--env", "modal", "true"), "pip install ./plugins/hermes-env-modal"),
         (("run", "--option", "timeout=soon", "true"), "from --option timeout"),
         (("run", "--option", "colour=blue", "true"), "unknown option 'colour'"),
-        (("config", "--env", "apptainer"), "pip install hermes-env-singularity"),
+        (("config", "--env", "apptainer"), "pip install ./plugins/hermes-env-singularity"),
     ],
 )
 def test_errors_are_one_line_with_exit_status_2(core_registry, args, needle):
@@ -326,8 +326,8 @@ def test_backends_json():
 def test_backends_names_what_to_install_for_known_backends(core_registry):
     code, out, _ = run_main("backends")
     assert code == 0
-    assert "  modal: pip install hermes-env-modal" in out.splitlines()
-    assert "  singularity (apptainer): pip install hermes-env-singularity" in out.splitlines()
+    assert "  modal: pip install ./plugins/hermes-env-modal in a hermes-env checkout; hermes-env-modal is not on PyPI yet" in out.splitlines()
+    assert "  singularity (apptainer): pip install ./plugins/hermes-env-singularity in a hermes-env checkout; hermes-env-singularity is not on PyPI yet" in out.splitlines()
 
 
 def test_config_shows_each_value_and_its_source(tmp_path):
@@ -387,7 +387,7 @@ def test_doctor_reports_problems_and_what_to_install(doctor_registry):
     assert "checked: 1 problem(s)" in out and "apt-get install frobnicator" in out
     [needsdk] = [line for line in out.splitlines() if line.startswith("needsdk:")]
     assert "FAIL" in needsdk and "an_sdk_that_is_not_installed_xyz" in needsdk and "pip install needsdk" in needsdk
-    assert "modal: not installed (pip install hermes-env-modal)" in out
+    assert "modal: not installed (pip install ./plugins/hermes-env-modal " in out
 
 
 def test_doctor_for_one_healthy_backend_exits_0(doctor_registry):

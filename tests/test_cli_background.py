@@ -34,7 +34,7 @@ def cli(tmp_path: Path):
 
 
 def _rows(cli) -> dict[str, dict]:
-    proc = cli("ps", "--json")
+    proc = cli("ps", "--all", "--json")
     assert proc.returncode == 0, proc.stderr
     return {r["id"]: r for r in json.loads(proc.stdout)}
 

@@ -12,7 +12,6 @@ import re
 import shlex
 import signal
 import threading
-import select
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from ..environment.handles import ProcessHandle
 from ..environment.options import EnvironmentConfig
 from ..environment.session import KILL_TREE_FN, WrappedCommand
 from ..errors import BackendError, ConfigError, EnvironmentUnavailable, UnsafeArchiveError
-from ..sync import PullResult, SyncEngine, SyncOption, SyncProgress
+from ..sync import PullResult, SyncEngine, SyncJournal, SyncOption, SyncProgress
 from ._tree_script import TREE_DONE, parse_tree_output, tree_script
 
 if TYPE_CHECKING:
@@ -353,6 +352,7 @@ class SSHEnvironment(BaseEnvironment):
                 [m.mapping() for m in cfg.sync],
                 interval=cfg.sync_interval_s,
                 progress=lambda p: self.sync_progress(p) if self.sync_progress else None,
+                journal=SyncJournal(f"ssh:{self.host_label}"),
             )
         return self._sync_engine
 
@@ -384,11 +384,14 @@ class SSHEnvironment(BaseEnvironment):
         return self.last_pull
 
     def cleanup(self) -> None:
+        failed: BaseException | None = None
         if self._sync_engine is not None and self._transport is not None and self.config.pull_on_close:  # type: ignore[attr-defined]
             try:
                 self.pull_files()
-            except Exception:  # noqa: BLE001 - the connection must still be released; last_pull says what happened
-                log.exception("ssh: pulling synced files back failed; host files were left as they were")
+            except UnsafeArchiveError as exc:  # refused on purpose; last_pull has the report
+                log.warning("ssh: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - raised once the connection is released
+                failed = exc
         t = self._transport
         if t is not None and t.is_active() and self._remote_dir:
             try:
@@ -399,6 +402,10 @@ class SSHEnvironment(BaseEnvironment):
             t, self._transport = self._transport, None
         if t is not None:
             t.close()
+        if failed is not None:
+            # The engine kept what it knew (pushes refuse to overwrite the
+            # target's changes); the caller must hear that they did not arrive.
+            raise failed
 
     # -- for the sync engine --------------------------------------------------
     def sync_transport(self) -> SSHSyncTransport:
@@ -635,14 +642,21 @@ class _ChannelStream:
 
     def __init__(self, chan: paramiko.Channel) -> None:
         self._chan = chan
+        # Never select() on the channel: its fileno() makes a pipe that the
+        # transport thread writes to as data arrives, and a write racing
+        # close() gets EBADF, which kills the whole Transport (and with it the
+        # pull-back at close). A timed recv waits on a condition instead.
+        chan.settimeout(self._CHECK_S)
 
     def read(self, n: int) -> bytes:
         chan = self._chan
         try:
-            while not select.select([chan], [], [], self._CHECK_S)[0]:
-                if chan.exit_status_ready() or chan.closed:
-                    return b""
-            return chan.recv(n)
+            while True:
+                try:
+                    return chan.recv(n)
+                except TimeoutError:
+                    if chan.exit_status_ready() or chan.closed:
+                        return b""
         except Exception:  # noqa: BLE001 - the transport died
             return b""
 

@@ -12,6 +12,8 @@ import argparse
 import contextlib
 import importlib.metadata
 import platform
+import shlex
+import signal
 import sys
 import traceback
 import warnings
@@ -19,11 +21,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import mcp as mcp_cli
+from ..config import ConfigWarning
 from ..environment.result import ExecResult
 from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
-from . import info, shell
+from ..sync import cli as sync_cli
+from . import info, shell, tty
+from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
     EXIT_FAILURE,
@@ -47,10 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    with _one_line_warnings(quiet=getattr(args, "lists_plugins", False)):
+    # mcp serves over asyncio and handles these signals itself (mcp.serve).
+    guard = None if args.func is mcp_cli.main else SignalGuard(keyboard_interrupt=_keyboard_interrupts(args))
+    quiet = getattr(args, "lists_plugins", False)
+    # `config` lists ignored settings itself, with the reason.
+    with _one_line_warnings(quiet=quiet, quiet_config=args.func is info.cmd_config), guard or contextlib.nullcontext():
         try:
-            return int(args.func(args))
+            status = int(args.func(args))
+        except SignalExit as exc:
+            return _stopped(exc.signum)
         except HermesEnvError as exc:
+            if guard is not None and guard.received is not None:
+                return _stopped(guard.received)
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return exit_status_of(exc)
         except KeyboardInterrupt:
@@ -66,6 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             print(f"{PROG}: internal error (exit status {EXIT_FAILURE})", file=sys.stderr)
             return EXIT_FAILURE
+        if guard is not None and guard.received is not None:
+            return _stopped(guard.received)
+        return status
+
+
+def _keyboard_interrupts(args: argparse.Namespace) -> bool:
+    """In an interactive shell, Ctrl-C cancels the command and keeps the prompt, as in bash."""
+    return args.func is shell.cmd_shell and sys.stdin.isatty()
+
+
+def _stopped(signum: int) -> int:
+    """The status ``docker run`` gives when a signal stopped it: 128 + the signal's number."""
+    print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 
 def version_text() -> str:
@@ -99,12 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stdin", action="store_true", help="pass this process's standard input to the command")
     p.add_argument("--stats", action="store_true", help="after the output, print what the command cost (on stderr)")
+    p.add_argument("--tty", action="store_true", help="run it on a terminal, keys and window size passed on (REPLs, top)")
     background_cli.add_run_arguments(p)
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command (words are joined by spaces)"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="one word: a shell command line ('ls | wc -l'); several words: one program and its arguments, "
+        "passed as they are (python3 -c 'print(1)')",
     )
     p.set_defaults(func=_cmd_run)
     background_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
+    sync_cli.add_subcommands(sub, parents=[env_opts], environment=environment)
 
     p = add_command(
         sub,
@@ -115,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quote, a heredoc) continues on the next; Tab completes from the target. No timeout unless --timeout.",
         parents=[env_opts, cmd_opts],
     )
+    shell.add_arguments(p)
     p.set_defaults(func=shell.cmd_shell)
 
     info.add_commands(sub, env_opts)
@@ -129,9 +163,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
-    command = words[0] if len(words) == 1 else " ".join(words)
+    # One word is a shell command line; several are one argv, quoted as docker exec takes them.
+    command = words[0] if len(words) == 1 else shlex.join(words)
     if not command.strip():
         raise UsageError("run: no command given")
+    if getattr(args, "tty", False):
+        return tty.cmd_run(args, command)
     if getattr(args, "background", False):
         with environment(args, background=True) as env:
             return background_cli.run_background(args, env, command)
@@ -161,15 +198,21 @@ def format_stats(result: ExecResult) -> str:
 
 
 @contextlib.contextmanager
-def _one_line_warnings(*, quiet: bool) -> Iterator[None]:
-    """Plugin warnings as one line each (or not at all where the command lists them anyway)."""
+def _one_line_warnings(*, quiet: bool, quiet_config: bool = False) -> Iterator[None]:
+    """Plugin and configuration warnings as one line each (or not at all where the command lists them anyway)."""
     original = warnings.showwarning
+    seen: set[str] = set()
 
     def show(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: Any, **kw: Any
     ) -> None:
         if issubclass(category, PluginLoadWarning):
             if not quiet:
+                print(f"{PROG}: warning: {message}", file=sys.stderr)
+            return
+        if issubclass(category, ConfigWarning):
+            if not quiet_config and str(message) not in seen:
+                seen.add(str(message))
                 print(f"{PROG}: warning: {message}", file=sys.stderr)
             return
         original(message, category, filename, lineno, *rest, **kw)

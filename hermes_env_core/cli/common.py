@@ -14,6 +14,7 @@ from ..environment.base import BaseEnvironment
 from ..environment.result import ExecResult
 from ..errors import BackendNotFoundError, ConfigError, HermesEnvError, UsageError
 from ..factory import EnvironmentFactory
+from .signals import current_guard
 
 __all__ = [
     "add_command",
@@ -100,13 +101,20 @@ def execute(
     def on_sigint(signum: int, frame: Any) -> None:
         cancel.set()
 
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
-    try:
-        result = env.execute(command, cwd=cwd, stdin=stdin, cancel=cancel, on_output=on_output)
-    finally:
-        if in_main:
-            signal.signal(signal.SIGINT, previous)
+    guard = current_guard()
+    if guard is not None:
+        # SIGTERM, SIGHUP, SIGINT: execute() stops the command's tree; then we stop too (see signals).
+        with guard.running(cancel):
+            result = env.execute(command, cwd=cwd, stdin=stdin, cancel=cancel, on_output=on_output)
+        guard.check()
+    else:
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        try:
+            result = env.execute(command, cwd=cwd, stdin=stdin, cancel=cancel, on_output=on_output)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
     if newline_after and last[0] != "\n":
         out.write("\n")
         out.flush()
@@ -148,12 +156,25 @@ def environment(
         from ..processes import cli as background_cli
 
         resolved = background_cli.keep_alive(factory, resolved, args.env, strings, options)
-    env = factory.create_resolved(resolved)
+    guard = current_guard()
+    # A signal while the environment is made or closed waits, so that nothing is left half made.
+    with guard.deferred() if guard is not None else contextlib.nullcontext():
+        env = factory.create_resolved(resolved)
     if hasattr(env, "sync_progress") and sys.stderr.isatty():
         env.sync_progress = SyncProgressBar(sys.stderr)
     try:
+        if guard is not None:
+            guard.check()
         yield env
-    finally:
+    except BaseException:
+        # The error raised first is the exit status; one from close (a failed pull-back) is still said.
+        try:
+            with guard.deferred() if guard is not None else contextlib.nullcontext():
+                env.close()
+        except HermesEnvError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        raise
+    with guard.deferred() if guard is not None else contextlib.nullcontext():
         env.close()
 
 

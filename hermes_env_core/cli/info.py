@@ -295,6 +295,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             entry["problems"], entry["probe"] = _probe(args, name)
             entry["mode"] = _probed_mode.pop(name, entry["mode"])
         entry["ok"] = not entry["problems"]
+        if _probed_notes.get(name):
+            entry["notes"] = _probed_notes.pop(name)
     if checked_all or probe:
         report["failed_plugins"] = _failed_plugins(registry)
     if checked_all:
@@ -310,6 +312,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"{entry['name']}: ok{extra}")
             if entry.get("mode"):
                 print(f"  commands: {entry['mode']}")
+            for note in entry.get("notes", ()):
+                print(f"  note: {note}")
         elif entry.get("load_error"):
             print(f"{entry['name']}: FAIL: {entry['problems'][0]}")
         else:
@@ -361,14 +365,38 @@ def _probe(args: argparse.Namespace, name: str) -> tuple[list[str], str | None]:
     """Start the environment as configured and run one command in it."""
     probe_args = argparse.Namespace(**{**vars(args), "env": name, "timeout": None})
     started = time.monotonic()
+    problems: list[str] = []
     try:
         with environment(probe_args) as env:
             result = env.execute("echo hermes-env-doctor", timeout=120)
             _probed_mode[name] = env.channel_mode
+            if result.exit_code == 0:
+                problems, _probed_notes[name] = _background_tools(env)
     except HermesEnvError as exc:
         kind = "configuration" if exit_status_of(exc) == 2 else "start"
         return [f"{kind}: {exc}"], None
     if result.exit_code != 0 or "hermes-env-doctor" not in result.output:
         return [f"a probe command failed with exit status {result.exit_code}: {result.output.strip()[:200]}"], None
-    return [], f"started and ran a command in {time.monotonic() - started:.1f}s"
+    return problems, f"started and ran a command in {time.monotonic() - started:.1f}s"
+
+
+_probed_notes: dict[str, list[str]] = {}
+
+
+def _background_tools(env: BaseEnvironment) -> tuple[list[str], list[str]]:
+    """What ``run --background`` needs in the target: missing required programs are problems, optional ones notes."""
+    from ..processes import sandbox_scripts
+    from ..processes.sandbox import missing_tools, target_label
+
+    required = sandbox_scripts.REQUIRED_TOOLS
+    optional = sandbox_scripts.OPTIONAL_TOOLS
+    missing = missing_tools(env, required + tuple(optional))
+    where = target_label(env)
+    lacking = [t for t in missing if t in required]
+    problems = [
+        f"background processes (run --background) need {', '.join(required)} in the target; {where} has no "
+        f"{', '.join(lacking)}: install coreutils there"
+    ] if lacking else []
+    notes = [f"{where} has no {t}: {optional[t]}" for t in missing if t in optional]
+    return problems, notes
 

@@ -4,6 +4,7 @@ Line editing and history come from readline (history kept in
 ``$HERMES_ENV_HISTFILE``, else ``$XDG_STATE_HOME/hermes-env/shell_history``);
 an unfinished command continues on the next line, judged by ``bash -n`` as
 bash's PS2 would; Tab completes with ``compgen`` run in the session itself.
+Lines that want a terminal run on one (``cli.tty``): ``--tty`` and ``:tty`` say which.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from typing import Any
 
 from ..environment.base import BaseEnvironment
 from ..errors import HermesEnvError, UsageError
+from . import tty
 from .common import PROG, environment, execute, print_notes
 
-__all__ = ["cmd_shell", "complete_candidates", "history_path", "is_incomplete"]
+__all__ = ["add_arguments", "cmd_shell", "complete_candidates", "history_path", "is_incomplete"]
 
 HISTFILE_ENV_VAR = "HERMES_ENV_HISTFILE"
 HISTORY_LINES = 5000
 COMPLETION_TIMEOUT = 10.0
 _EXIT_RE = re.compile(r"^\s*exit(?:\s+(\d+))?\s*;?\s*$")
 _READ_RE = re.compile(r"(^|[;&|({]\s*|\bthen\s+|\bdo\s+)read\b")
+_TTY_RE = re.compile(r"^\s*:tty(?:\s+(.*))?$", re.DOTALL)
 # What ends a word for completion: the rest (/, $, -, ., =, ~) stays part of the word.
 _DELIMS = " \t\n;|&<>()"
 
@@ -68,6 +71,18 @@ def is_incomplete(text: str) -> bool:
     )
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shell's own options."""
+    parser.add_argument(
+        "--tty",
+        choices=tty.TTY_MODES,
+        default="auto",
+        help="which lines run on a terminal: auto (programs that want one: python3, top, vim, less, ssh, "
+        "stty...), on (every line but the shell's own builtins, which must keep their effect), off; "
+        "change it with `:tty MODE`, run one line on a terminal with `:tty COMMAND`",
+    )
+
+
 def cmd_shell(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     with environment(args, no_default_timeout=True) as env:
@@ -76,12 +91,14 @@ def cmd_shell(args: argparse.Namespace) -> int:
             if result.exit_code != 0:
                 raise UsageError(f"shell: {result.output.strip() or 'cannot enter ' + args.cwd}")
         with _line_editing(env, interactive) as state:
+            state.tty_mode = getattr(args, "tty", None) or "auto"
             return _loop(env, interactive, state)
 
 
 class _State:
     def __init__(self) -> None:
         self.last = 0
+        self.tty_mode = "auto"
 
 
 def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
@@ -102,15 +119,40 @@ def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
         match = _EXIT_RE.match(command)
         if match:
             return int(match.group(1)) if match.group(1) else state.last
+        forced = _TTY_RE.match(command)
+        if forced:
+            rest = (forced.group(1) or "").strip()
+            if rest in tty.TTY_MODES or not rest:
+                state.tty_mode = rest or state.tty_mode
+                if interactive:
+                    print(f"tty: {state.tty_mode}")
+                else:
+                    print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
+                continue
+            command = rest
+        if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
+            tty.print_state_warning(command)
+            state.last = tty.run_tty(env, command, newline_after=True)
+            # The session's $? follows, as after any other line.
+            env.execute(f"( exit {state.last} )")
+            continue
         result = execute(env, command, out=sys.stdout, newline_after=interactive)
         print_notes(result)
         state.last = result.exit_code
         if interactive and result.exit_code != 0 and _READ_RE.search(command):
             print(
-                f"{PROG}: `read` saw end of input: commands here get no keyboard input; "
-                "give it input in the command (read x <<< 'text', or a heredoc)",
+                f"{PROG}: `read` saw end of input: this line ran without a terminal; "
+                "run it on one with `:tty COMMAND`, or give it input in the command (read x <<< 'text')",
                 file=sys.stderr,
             )
+
+
+def _on_terminal(env: BaseEnvironment, command: str, mode: str) -> bool:
+    functions: frozenset[str] = frozenset()
+    if mode == "on":
+        state = env.session.state
+        functions = frozenset(state.function_names) if state is not None else frozenset()
+    return tty.needs_terminal(command, mode, functions=functions)
 
 
 def _read_command(prompt: str, interactive: bool) -> str:

@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--token-file", metavar="PATH",
-        help="(--http) file holding the bearer token clients must send; default: generate one and print it",
+        help="(--http) file holding the bearer token clients must send, private to this user (chmod 600); "
+             "default: $HERMES_ENV_MCP_TOKEN, else generate one and print it",
     )
     p.add_argument(
         "--max-sessions", metavar="N", type=_positive_int, default=DEFAULT_MAX_SESSIONS,

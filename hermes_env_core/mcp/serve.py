@@ -9,8 +9,10 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -23,12 +25,15 @@ from ..errors import HermesEnvError
 from ..factory import EnvironmentFactory
 from .server import SessionTable, build_server
 
-__all__ = ["serve"]
+__all__ = ["TOKEN_ENV_VAR", "serve"]
 
 log = logging.getLogger("hermes_env_core.mcp")
 
 PROG = "hermes-env mcp"
 _MAX_BODY = 4 * 1024 * 1024
+#: Where the bearer token may come from besides --token-file (never from the command line).
+TOKEN_ENV_VAR = "HERMES_ENV_MCP_TOKEN"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -50,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
         anyio.run(_serve_stdio, table)
         return 0
     try:
-        token = _read_token(args.token_file) if args.token_file else secrets.token_urlsafe(32)
+        token, generated = _http_token(args.token_file)
     except HermesEnvError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -63,10 +68,14 @@ def serve(args: argparse.Namespace) -> int:
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"{PROG}: serving backend {backend} at http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
-    if not args.token_file:
+    if generated:
         print(f"{PROG}: bearer token: {token}", file=sys.stderr, flush=True)
+    stopped_by: list[int] = []
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(_serve_http, table, sock, host, token, args.max_sessions, args.idle_timeout)
+        anyio.run(_serve_http, table, sock, host, token, args.max_sessions, args.idle_timeout, stopped_by)
+    if stopped_by:
+        print(f"{PROG}: stopped by {signal.Signals(stopped_by[0]).name}", file=sys.stderr, flush=True)
+        return 128 + stopped_by[0]
     return 0
 
 
@@ -79,9 +88,10 @@ async def _serve_stdio(table: SessionTable) -> None:
     async with anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
-            # SIGTERM/SIGHUP from the client or a supervisor: close the environment, do not orphan commands.
-            # Then exit at once: the SDK's stdin reader sits in a thread that no cancellation reaches.
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+            # SIGTERM/SIGHUP/SIGINT from the client or a supervisor: close the environment, do not orphan
+            # commands. Then exit at once with 128+signal (as docker run): the SDK's stdin reader sits in a
+            # thread that no cancellation reaches.
+            with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
                 async for signum in signals:
                     with anyio.CancelScope(shield=True):
                         await table.close_all()
@@ -95,14 +105,47 @@ async def _serve_stdio(table: SessionTable) -> None:
         tg.cancel_scope.cancel()
 
 
+def _http_token(path: str | None) -> tuple[str, bool]:
+    """(the bearer token, whether it was generated): ``--token-file``, else ``$HERMES_ENV_MCP_TOKEN``, else new."""
+    from_env = os.environ.pop(TOKEN_ENV_VAR, None)  # popped: the commands this server runs never see it
+    if path and from_env:
+        raise HermesEnvError(f"the token is given twice, by --token-file and by ${TOKEN_ENV_VAR}: keep one")
+    if path:
+        return _read_token(path), False
+    if from_env:
+        return _check_token(from_env.strip(), f"${TOKEN_ENV_VAR}"), False
+    return secrets.token_urlsafe(32), True
+
+
 def _read_token(path: str) -> str:
     p = Path(path).expanduser()
     try:
-        token = p.read_text(encoding="utf-8").strip()
+        fd = os.open(p, os.O_RDONLY)
     except OSError as exc:
         raise HermesEnvError(f"cannot read the token file {path!r}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        # As ssh with its keys: a secret others can read (or replace) is no secret.
+        if st.st_mode & 0o077:
+            raise HermesEnvError(
+                f"the token file {path!r} has mode {stat.S_IMODE(st.st_mode):04o}: group or others can "
+                f"access it; make it private: chmod 600 {shlex.quote(path)}"
+            )
+        if st.st_uid not in (os.getuid(), 0):
+            raise HermesEnvError(
+                f"the token file {path!r} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+                "another user could change it"
+            )
+        try:
+            token = fh.read().decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HermesEnvError(f"cannot read the token file {path!r}: {exc}") from None
+    return _check_token(token, f"the token file {path!r}")
+
+
+def _check_token(token: str, where: str) -> str:
     if len(token) < 16 or any(c.isspace() for c in token):
-        raise HermesEnvError(f"the token in {path!r} must be one word of at least 16 characters")
+        raise HermesEnvError(f"the token in {where} must be one word of at least 16 characters")
     return token
 
 
@@ -117,9 +160,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def _serve_http(
-    table: SessionTable, sock: socket.socket, host: str, token: str, max_sessions: int, idle_timeout: float
+    table: SessionTable,
+    sock: socket.socket,
+    host: str,
+    token: str,
+    max_sessions: int,
+    idle_timeout: float,
+    stopped_by: list[int],
 ) -> None:
     import uvicorn
+
+    class _Server(uvicorn.Server):
+        def capture_signals(self) -> contextlib.nullcontext[None]:  # type: ignore[override]
+            return contextlib.nullcontext()  # ours, below: every signal, and the commands stop first
 
     server = build_server(table, http=True)
     app = server.streamable_http_app(
@@ -127,9 +180,22 @@ async def _serve_http(
     )
     guarded = SessionGuard(app, table, token=token, idle_timeout=idle_timeout)
     config = uvicorn.Config(guarded, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    userver = uvicorn.Server(config)
+    userver = _Server(config)
+
+    async def stop_on_signal() -> None:
+        # The running commands are cancelled and the environments closed before the HTTP side winds down,
+        # so no graceful-shutdown wait keeps a command running.
+        with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+            async for signum in signals:
+                if not stopped_by:
+                    stopped_by.append(int(signum))
+                    with anyio.CancelScope(shield=True):
+                        await table.close_all()
+                userver.should_exit = True
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(guarded.reap_idle)
+        tg.start_soon(stop_on_signal)
         try:
             await userver.serve(sockets=[sock])
         finally:

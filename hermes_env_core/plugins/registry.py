@@ -33,7 +33,7 @@ from .manager import (
     PluginLoadWarning,
     PluginManager,
 )
-from .spec import BackendSpec, split_target
+from .spec import BackendSpec, checkout_install, split_target
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -63,7 +63,7 @@ class KnownBackend:
 
     @property
     def install_hint(self) -> str:
-        return f"pip install {self.distribution}"
+        return checkout_install(self.distribution)
 
 
 #: Names users may know from the docs, mapped to where they come from.

@@ -10,13 +10,42 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["API_VERSION", "BackendSpec", "api_refusal", "parse_api_version", "split_target"]
+__all__ = [
+    "API_VERSION",
+    "UNPUBLISHED",
+    "BackendSpec",
+    "api_refusal",
+    "checkout_install",
+    "parse_api_version",
+    "split_target",
+]
 
 #: The version of the plugin API: the ``Target`` protocol, ``TargetEnvironment``,
 #: the ``hermes_env_backends`` hookspec and ``BackendSpec``. A minor version may
 #: add (optional methods and fields with defaults, capabilities); only a major
 #: version may remove or change what a plugin already uses.
 API_VERSION = "1.0"
+
+#: This project's distributions, not on the package index yet, and where each lives in a checkout.
+#: An install hint names that path: ``pip install hermes-env-modal`` would find nothing.
+UNPUBLISHED: dict[str, str] = {
+    "hermes-env-core": ".",
+    "hermes-env-modal": "plugins/hermes-env-modal",
+    "hermes-env-daytona": "plugins/hermes-env-daytona",
+    "hermes-env-singularity": "plugins/hermes-env-singularity",
+    "hermes-env-example": "examples/hermes-env-example",
+    "hermes-env-kubernetes": "examples/hermes-env-kubernetes",
+}
+
+
+def checkout_install(distribution: str, *, upgrade: bool = False) -> str:
+    """The command that installs ``distribution``: its path in a hermes-env checkout while it is unpublished."""
+    flag = "-U " if upgrade else ""
+    path = UNPUBLISHED.get(distribution)
+    if path is None:
+        return f"pip install {flag}{distribution}"
+    where = "." if path == "." else f"./{path}"
+    return f"pip install {flag}{where} in a hermes-env checkout; {distribution} is not on PyPI yet"
 
 
 def parse_api_version(text: str) -> tuple[int, int]:
@@ -38,10 +67,13 @@ def api_refusal(spec: BackendSpec, *, plugin: str, core: str) -> str | None:
         return None
     dist = spec.distribution or "the plugin"
     if theirs > ours:
-        fix = f"upgrade hermes-env-core to a release with plugin API {theirs}.x (pip install -U hermes-env-core)"
+        fix = (
+            f"upgrade hermes-env-core to a release with plugin API {theirs}.x "
+            f"({checkout_install('hermes-env-core', upgrade=True)})"
+        )
     else:
         fix = (
-            f"upgrade {dist} to a release built for plugin API {ours}.x (pip install -U {dist}), "
+            f"upgrade {dist} to a release built for plugin API {ours}.x ({checkout_install(dist, upgrade=True)}), "
             f"or use a hermes-env-core with plugin API {theirs}.x"
         )
     return (

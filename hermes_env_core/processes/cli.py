@@ -1,4 +1,5 @@
-"""The ``hermes-env`` commands for background processes: ``run --background``, ``ps``, ``logs``, ``kill``, ``wait``.
+"""The ``hermes-env`` commands for background processes: ``run --background``, ``ps``/``rm``/``prune`` (in
+``listing``), ``logs``, ``kill``, ``wait``.
 
 Each CLI call is a new Python process, so processes started from the CLI run
 detached and are found again through the checkpoint file
@@ -30,6 +31,7 @@ from pydantic import SecretBytes, SecretStr
 
 from ..environment.base import BaseEnvironment
 from ..errors import HermesEnvError, UsageError
+from . import listing
 from .checkpoint import default_checkpoint_path
 from .events import NotificationKind
 from .process import BackgroundProcess, ProcessError, ProcessStatus
@@ -63,17 +65,10 @@ def add_subcommands(
     parents: Sequence[argparse.ArgumentParser] = (),
     environment: EnvironmentOpener | None = None,
 ) -> None:
-    """Add ``ps``, ``logs``, ``kill`` and ``wait``. ``parents`` carry the environment options (``--env``, ``-o``);
+    """Add ``ps``, ``rm``, ``prune``, ``logs``, ``kill`` and ``wait``. ``parents`` carry the environment options (``--env``, ``-o``);
     ``environment(args)`` opens the environment they name (default: ``create_environment``)."""
     opener = environment or _default_environment
-    p = subparsers.add_parser(
-        "ps", parents=list(parents), help="list background processes",
-        description="List background processes started with `run --background`: status (running, exited, killed, "
-        "lost, or unknown with the reason when its environment cannot be checked), pid, exit code, where it runs, "
-        "and the matches of its --watch patterns.",
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=lambda a: cmd_ps(a, opener))
+    listing.add_commands(subparsers, parents, opener)
     p = subparsers.add_parser(
         "logs", parents=list(parents), help="print a background process's output",
         description="Print the full output of background process ID, kept in its target while it runs and after. "
@@ -242,10 +237,7 @@ def _remove_if_done(env: BaseEnvironment, reg: ProcessRegistry, envs: dict[str, 
         if isinstance(driver, SandboxDriver):
             with contextlib.suppress(ProcessError, HermesEnvError, OSError):
                 _keep_log(proc.id, _full_log(driver))
-    cleanup = getattr(env, "cleanup", None)
-    if cleanup is not None and "force" in inspect.signature(cleanup).parameters:
-        with contextlib.suppress(HermesEnvError):
-            cleanup(force=True)
+    _remove_target(env)
     with _envs_locked() as data:
         data.pop(key, None)
 
@@ -275,12 +267,26 @@ def run_background(args: argparse.Namespace, env: BaseEnvironment, command: str)
     """``run --background``: start ``command`` detached in ``env``; print ``ID pid PID``."""
     watch = [WatchPattern(w) for w in getattr(args, "watch", []) or []]
     watch += [WatchPattern(w, regex=True) for w in getattr(args, "watch_regex", []) or []]
-    with _registry() as reg:
-        proc = reg.spawn(env, command, detached=True, pty=bool(getattr(args, "pty", False)), watch=watch, cwd=getattr(args, "cwd", None))
-        print(f"{proc.id} pid {proc.pid}")
     owned = str(env.task_id).startswith("bg-") and bool(getattr(env.config, "persistent", False))
+    try:
+        with _registry() as reg:
+            proc = reg.spawn(env, command, detached=True, pty=bool(getattr(args, "pty", False)), watch=watch,
+                             cwd=getattr(args, "cwd", None))
+    except BaseException:
+        if owned:
+            # Made for this process alone (a container and its volume): nothing of it may stay behind.
+            _remove_target(env)
+        raise
+    print(f"{proc.id} pid {proc.pid}")
     _save_env(env, owned=owned)
     return 0
+
+
+def _remove_target(env: BaseEnvironment) -> None:
+    cleanup = getattr(env, "cleanup", None)
+    if cleanup is not None and "force" in inspect.signature(cleanup).parameters:
+        with contextlib.suppress(HermesEnvError):
+            cleanup(force=True)
 
 
 # -- finding a process again ------------------------------------------------------------------
@@ -304,24 +310,45 @@ def _driver_of(env: BaseEnvironment, rec: dict[str, Any]) -> SandboxDriver | Non
 
 @contextlib.contextmanager
 def _checked(
-    args: argparse.Namespace, opener: EnvironmentOpener, only: str | None = None
+    args: argparse.Namespace,
+    opener: EnvironmentOpener,
+    only: str | None = None,
+    select: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Iterator[tuple[ProcessRegistry, dict[str, _Found], dict[str, BaseEnvironment]]]:
-    """Recover every live process (or only ``only``) in its own environment, reopened; the rest as recorded.
+    """Recover every live process (or only ``only``, or those ``select`` takes) in its own environment,
+    reopened; the rest as recorded.
 
-    An environment named on the command line (``--env``, ``-o``) is opened as
-    given and used for the processes that run in it, in place of the recorded
-    way to reopen it (or where none was recorded: processes started from Python).
+    An environment given with options on the command line (``-o``) is opened
+    as given and used for the processes that run in it, in place of the
+    recorded way to reopen it. ``--env NAME`` alone is opened only for
+    processes whose way to reopen was not recorded (started from Python).
     """
     envs = _load_envs()
     found: dict[str, _Found] = {}
     opened: dict[str, BaseEnvironment] = {}
+    given: list[Any] = []  # [env or None, why]: opened once, when needed
+
+    def open_given() -> None:
+        if given:
+            return
+        try:
+            env = stack.enter_context(opener(args))
+        except HermesEnvError as exc:
+            given.extend([None, f"not checked: cannot open the environment given on the command line: {exc}"])
+            return
+        given.extend([env, None])
+        opened[env_key(env)] = env
+
     # Environments close after the registry is released: closing one must not touch what it follows.
     with contextlib.ExitStack() as stack, _registry() as reg:
-        if getattr(args, "env", None) or getattr(args, "option", None):
-            given = stack.enter_context(opener(args))
-            opened[env_key(given)] = given
-        records = [r for r in reg.pending if only is None or r["id"] == only]
+        if getattr(args, "option", None):
+            given.append(stack.enter_context(opener(args)))
+            opened[env_key(given[0])] = given[0]
+        records = [r for r in reg.pending if (only is None or r["id"] == only)
+                   and (select is None or select(listing.row_of(r)))]
         for key in sorted({str(r.get("env_key")) for r in records}):
+            if key not in opened and key not in envs and key != "local" and getattr(args, "env", None):
+                open_given()
             env, why = (opened[key], None) if key in opened else stack.enter_context(_reopen(key, envs))
             mine = [r for r in records if r.get("env_key") == key]
             if env is None:
@@ -357,6 +384,25 @@ def _checked(
         yield reg, found, opened
         for env in opened.values():
             _remove_if_done(env, reg, envs)
+
+
+def _forget_files(ids: Sequence[str], found: dict[str, _Found], opened: dict[str, BaseEnvironment]) -> None:
+    """Remove what ``rm``/``prune`` forgot: the output kept here, and the process's directory in its target."""
+    envs = _load_envs()
+    with contextlib.ExitStack() as stack:
+        for pid_id in ids:
+            _saved_log(pid_id).unlink(missing_ok=True)
+            rec = found[pid_id].rec or {}
+            if rec.get("driver") != "sandbox":
+                continue
+            key = str(rec.get("env_key"))
+            env = opened.get(key)
+            if env is None and (key in envs or key == "local"):
+                env, _ = stack.enter_context(_reopen(key, envs))
+            driver = _driver_of(env, rec) if env is not None else None
+            if driver is not None:
+                with contextlib.suppress(HermesEnvError, ProcessError):
+                    driver.remove()
 
 
 def _saved_log(process_id: str) -> Path:
@@ -399,79 +445,6 @@ def _full_log(driver: SandboxDriver, end: int | None = None) -> bytes:
 
 
 # -- ps, logs, kill, wait ---------------------------------------------------------------------
-
-
-def cmd_ps(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
-    with _checked(args, opener) as (reg, found, _):
-        rows = []
-        for item in found.values():
-            if item.proc is not None:
-                row = _row_of(item.proc.info().__dict__)
-                row["waiting_for_input"] = item.proc.waiting_for_input or item.proc.check_waiting_for_input(
-                    reg.input_wait_s or 2.0
-                )
-                driver = _driver(item)
-                hits: list[tuple[WatchPattern, str]] = []
-                if driver is not None and item.proc.patterns:
-                    with contextlib.suppress(ProcessError, HermesEnvError):
-                        hits = _matches(item.proc.patterns, _full_log(driver))
-                row["watch"] = [str(p) for p in item.proc.patterns]
-                row["matches"] = [{"pattern": str(p), "line": line} for p, line in hits[-20:]]
-                row["match_count"] = len(hits)
-            else:
-                row = _row_of(item.rec or {}, note=item.why)
-                saved = _saved_log(row["id"])
-                if row["watch"] and saved.exists():
-                    hits = _matches([WatchPattern.from_record(w) for w in (item.rec or {}).get("watch") or ()],
-                                    saved.read_bytes())
-                    row["matches"] = [{"pattern": str(p), "line": line} for p, line in hits[-20:]]
-                    row["match_count"] = len(hits)
-            rows.append(row)
-    rows.sort(key=lambda r: r["started_at"] or 0)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    table = [["ID", "STATUS", "PID", "EXIT", "WHERE", "STARTED", "WATCH", "COMMAND"]]
-    for r in rows:
-        started = time.strftime("%H:%M:%S", time.localtime(r["started_at"])) if r["started_at"] else "-"
-        status = "waiting-input" if r.get("waiting_for_input") else r["status"]
-        table.append([r["id"], status, str(r["pid"] or "-"), "-" if r["exit_code"] is None else str(r["exit_code"]),
-                      r["where"], started, _watch_cell(r), r["command"].replace("\n", " ")[:60]])
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    notes = [(r["id"], r["note"]) for r in rows if r["status"] in (STATUS_UNKNOWN, "lost") and r.get("note")]
-    for pid_id, note in notes:
-        print(f"{pid_id}: {note}")
-    return 0
-
-
-def _watch_cell(row: dict[str, Any]) -> str:
-    if not row.get("watch"):
-        return "-"
-    count = row.get("match_count", 0)
-    if not count:
-        return "no match"
-    last = row["matches"][-1]["line"].strip()
-    return f"{count}x {last[:40]!r}"
-
-
-def _row_of(rec: dict[str, Any], note: str | None = None) -> dict[str, Any]:
-    status = rec.get("status")
-    return {
-        "id": rec["id"],
-        "status": status.value if isinstance(status, ProcessStatus) else str(status or STATUS_UNKNOWN),
-        "pid": rec.get("pid"),
-        "exit_code": rec.get("exit_code"),
-        "where": rec.get("env_key") or (rec.get("backend") if rec.get("backend") == "local" else f"{rec.get('backend')}:{rec.get('task_id')}"),
-        "started_at": rec.get("started_at"),
-        "command": str(rec.get("command", "")),
-        "note": note or rec.get("note"),
-        "watch": [str(WatchPattern.from_record(w)) for w in rec.get("watch") or ()],
-        "matches": [],
-        "match_count": 0,
-        "waiting_for_input": False,
-    }
 
 
 def cmd_logs(args: argparse.Namespace, opener: EnvironmentOpener) -> int:

@@ -228,6 +228,22 @@ class BackgroundProcess:
             raise TimeoutError(f"background process {self.id} still running after {timeout}s")
         return self._exit_code
 
+    def wait_for_more(self, since: int, timeout: float | None = None) -> bool:
+        """Block until output passes offset ``since`` or ends; True if it passed (then ``read(since)``)."""
+        return self._buffer.wait(since, timeout)
+
+    def open_stream(self) -> Any | None:
+        """A live byte stream to the process (a ``ChannelStream``), where its driver can open one.
+
+        Writes go to its stdin (its terminal) at once; reads return its output
+        from its first byte on, ``b""`` once it has ended. For a person typing
+        to a process in a remote target, where ``write()`` and the polls
+        behind ``read()`` cost a round trip each. None when the driver cannot;
+        the caller closes the stream.
+        """
+        opener = getattr(self._driver, "open_stream", None)
+        return opener() if callable(opener) and self.running else None
+
     def wait_for_output(self, pattern: str | re.Pattern[str], timeout: float | None = None) -> bool:
         """Block until the output contains ``pattern`` (substring or regex); False on timeout or exit."""
         rx = pattern if isinstance(pattern, re.Pattern) else None

@@ -347,6 +347,25 @@ class ProcessRegistry:
             self._save()
         return [p.id for p in drop]
 
+    def forget(self, ids: Iterable[str]) -> list[str]:
+        """Drop ended processes (followed, or only recorded) from the listing and the checkpoint; their ids.
+
+        A running one is kept. Files in the target are removed for the ones followed here.
+        """
+        wanted = set(ids)
+        with self._lock:
+            procs = [p for p in self._procs.values() if p.id in wanted and not p.running]
+            for p in procs:
+                del self._procs[p.id]
+            gone = {p.id for p in procs}
+            gone |= {i for i in wanted if self._pending.pop(i, None) is not None}
+            gone |= {r["id"] for r in self.history if r["id"] in wanted}
+            self.history = [r for r in self.history if r["id"] not in gone]
+            self._forgotten |= gone
+        _remove_dirs([p._driver for p in procs if isinstance(p._driver, SandboxDriver)])
+        self._save()
+        return sorted(gone)
+
     def _finished(self, proc: BackgroundProcess) -> None:
         self._save()
         self.prune()

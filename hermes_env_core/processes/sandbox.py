@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import select
 import threading
 import time
@@ -17,19 +18,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..environment.base import BaseEnvironment
-from ..errors import BackendError, EnvironmentUnavailable, UnsupportedOperation
+from ..errors import BackendError, EnvironmentUnavailable, HermesEnvError, UnsupportedOperation
 from . import sandbox_scripts as scripts
 from .process import ProcessError, ProcessStatus
 
 if TYPE_CHECKING:
     from .process import BackgroundProcess
 
-__all__ = ["DEFAULT_POLL", "PollSettings", "SandboxDriver", "run_script"]
+__all__ = ["DEFAULT_POLL", "PollSettings", "SandboxDriver", "missing_tools", "run_script", "target_label"]
 
 log = logging.getLogger(__name__)
 
 _WRITE_CHUNK = 16 * 1024
 _SCRIPT_SLACK_S = 30.0  # beyond a script's own waiting, before it counts as hung
+_STREAM_HELLO = b"hermes-env-stream\n"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,21 @@ class PollSettings:
 
 
 DEFAULT_POLL = PollSettings()
+
+def target_label(env: BaseEnvironment) -> str:
+    """The target as a user names it: ``image 'python:3.12'`` where there is an image, else its backend."""
+    image = getattr(env.config, "image", None)
+    return f"image {image!r}" if isinstance(image, str) and image else f"the {env.name} target"
+
+
+def missing_tools(env: BaseEnvironment, names: tuple[str, ...] = scripts.REQUIRED_TOOLS) -> list[str]:
+    """Which of ``names`` the target lacks (for ``hermes-env doctor``)."""
+    _, out = run_script(env, scripts.tools_script(names), timeout=60.0)
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line.startswith("hermes-bg-missing "):
+            return line.split()[1:]
+    return []
+
 
 def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[int, bytes]:
     """Run a helper script in the target, bypassing the session (its state is neither restored nor saved).
@@ -149,9 +166,17 @@ class SandboxDriver:
                 except (IndexError, ValueError):
                     break
                 return cls(env, dir=d, pid=(c, ct), wrapper=(w, wt), pty=pty, poll=poll)
+            if line.startswith("hermes-bg-missing "):
+                missing = line.split()[1:]
+                raise UnsupportedOperation(
+                    f"{env.name}: background processes need {', '.join(scripts.REQUIRED_TOOLS)} in the target "
+                    f"(coreutils), and {target_label(env)} has no {', '.join(missing)}: install coreutils there "
+                    "(or use an image that has it)"
+                )
             if "hermes-bg-error no-script" in line:
                 raise UnsupportedOperation(
-                    f"{env.name}: pty=True needs script(1) from util-linux in the target; it is not installed there"
+                    f"{env.name}: pty=True needs script(1) from util-linux in the target; {target_label(env)} "
+                    "has none"
                 )
         raise ProcessError(f"{env.name}: could not start a background process (exit {code}): {text.strip()[-500:]}")
 
@@ -267,6 +292,43 @@ class SandboxDriver:
         code, _ = self._run(scripts.resize_script(self.dir, rows, cols), "resize")
         if code != 0:
             raise ProcessError(f"background process pid {self.pid}: its terminal is not known yet")
+
+    def open_stream(self) -> Any | None:
+        """A channel to the target copying its stdin into the process's input FIFO and the
+        process's output file, from the start, to its stdout until the wrapper ends; None
+        when the environment opens no channels (or they are turned off) or the target has
+        no GNU tail (``--pid``)."""
+        opener = getattr(self.env, "_open_channel", None)
+        if (
+            not callable(opener)
+            or not getattr(self.env, "offers_channel", False)
+            or not getattr(self.env.config, "channel", True)
+            or self.env.closed
+        ):
+            return None
+        # <> on the FIFO: the open never blocks, even when the process has just ended.
+        script = (
+            "tail --version 2>/dev/null | grep -q GNU || exit 3; "
+            f"d={shlex.quote(self.dir)}; cat <&0 1<>\"$d/in\" 2>/dev/null & "
+            f"builtin printf '{_STREAM_HELLO.decode()}'; "
+            f'exec tail -c +1 -s 0.05 --pid={int(self._wrapper[0])} -f "$d/out"'
+        )
+        try:
+            stream = opener(["bash", "-c", script])
+        except (HermesEnvError, NotImplementedError, OSError):
+            return None
+        # Only a stream whose relay started takes keys: else they would go nowhere.
+        head = b""
+        while len(head) < len(_STREAM_HELLO):
+            data = stream.read(len(_STREAM_HELLO) - len(head))
+            if not data:
+                stream.close()
+                return None
+            head += data
+        if head != _STREAM_HELLO:
+            stream.close()
+            return None
+        return stream
 
     def waiting_now(self, quiet_s: float) -> bool:
         """Is it blocked reading its terminal right now, silent for ``quiet_s``? (PTY processes)"""

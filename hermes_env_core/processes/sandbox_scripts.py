@@ -16,6 +16,9 @@ from ..environment.session import ansi_c_quote
 
 __all__ = [
     "DEFAULT_BASE",
+    "OPTIONAL_TOOLS",
+    "REQUIRED_TOOLS",
+    "tools_script",
     "check_script",
     "close_stdin_script",
     "kill_script",
@@ -28,6 +31,23 @@ __all__ = [
 ]
 
 DEFAULT_BASE = '"${TMPDIR:-/tmp}/hermes-env-bg-$UID"'
+
+#: Programs a background process needs in its target (coreutils). Without setsid a subshell
+#: ignoring SIGHUP detaches it; script(1) is needed for ``pty=True`` only.
+REQUIRED_TOOLS = ("mkdir", "mkfifo", "tail", "head", "wc")
+OPTIONAL_TOOLS = {"setsid": "without it a process is detached by a subshell ignoring SIGHUP",
+                  "script": "needed for --pty (util-linux)", "rm": "needed to remove an ended process's files"}
+
+
+def tools_script(names: tuple[str, ...] = REQUIRED_TOOLS, *, exit_code: int = 0) -> str:
+    """Print ``hermes-bg-missing`` and the names of ``names`` not found on PATH, then exit
+    ``exit_code`` (0: go on); nothing when all are there."""
+    then = f"; exit {int(exit_code)}" if exit_code else ""
+    return (
+        "__m=; for __t in " + " ".join(shlex.quote(n) for n in names) + "; do "
+        'command -v "$__t" >/dev/null 2>&1 || __m+=" $__t"; done; '
+        "[ -z \"$__m\" ] || { builtin printf 'hermes-bg-missing%s\\n' \"$__m\"" + then + "; }\n"
+    )
 
 # REPLY=start time of pid $1 (field 22 of /proc/PID/stat), and ST=its state;
 # fails when there is no such process.
@@ -48,9 +68,11 @@ trap 'exec 3>&- 2>/dev/null; __i=1' USR1
 exec 3<>"$d/in"
 # Started as a job (set -m): a plain `&` would start it with SIGINT and
 # SIGQUIT ignored, for good; as a job it also gets a process group of its own.
+# script(1) runs its command with $SHELL -c, /bin/sh where unset: exec, so that
+# no shell (dash) in the terminal's foreground group turns a Ctrl-C into 130.
 set -m
 if [ -n "$pty" ]; then
-  __hermes_bg_f=$d/script script -qfec "bash ${d@Q}/ptyrun" /dev/null <"$d/in" >>"$d/out" 2>&1 3>&- &
+  __hermes_bg_f=$d/script script -qfec "exec bash ${d@Q}/ptyrun" /dev/null <"$d/in" >>"$d/out" 2>&1 3>&- &
 else
   __hermes_bg_f=$d/script bash $login -c 'builtin source "$__hermes_bg_f"' <"$d/in" >>"$d/out" 2>&1 3>&- &
 fi
@@ -82,6 +104,7 @@ def launch_script(base: str, pid_name: str, script: str, *, login: bool, pty: bo
     """Create the process's directory, start the wrapper detached, print ``hermes-bg-ok DIR PIDS``."""
     body = "builtin unset -v __hermes_bg_f\n" + script
     lines = [
+        tools_script(exit_code=6).rstrip("\n"),
         "umask 077",
         f"b={base}; d=$b/{shlex.quote(pid_name)}",
         (

@@ -7,6 +7,7 @@ from __future__ import annotations
 from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS
 from .engine import FORCE_ENV, PushResult, RetryPolicy, SyncEngine, SyncProgress
 from .filters import DEFAULT_EXCLUDES, PathFilter
+from .journal import JOURNAL_ENV, PendingPull, SyncJournal
 from .mapping import SyncMapping
 from .options import SyncOption
 from .paramiko_runner import ParamikoRunner  # imports paramiko only when called
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_MEMBERS",
     "FORCE_ENV",
+    "JOURNAL_ENV",
     "CommandFailedError",
     "CommandRunner",
     "CommandTransport",
@@ -35,12 +37,14 @@ __all__ = [
     "LocalDirTransport",
     "ParamikoRunner",
     "PathFilter",
+    "PendingPull",
     "PullResult",
     "PushResult",
     "RetryPolicy",
     "SubprocessRunner",
     "SyncConflict",
     "SyncEngine",
+    "SyncJournal",
     "SyncMapping",
     "SyncProgress",
     "TransportError",

@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import ConfigError, SyncError, UnsafeArchiveError
+from ..errors import ConfigError, SyncConflictError, SyncError, UnsafeArchiveError
 from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, PushArchive, StreamReader
 from .filters import Stat
+from .journal import PendingPull, SyncJournal
 from .mapping import MappingState, SyncMapping
 from .transport import FileSyncTransport, TransportError, is_transient
 
@@ -108,6 +109,7 @@ class SyncEngine:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         trace: TraceHook | None = None,
+        journal: SyncJournal | None = None,
     ) -> None:
         if interval < 0:
             raise ConfigError(f"sync interval must be >= 0 seconds, not {interval!r}")
@@ -129,6 +131,19 @@ class SyncEngine:
         self._maps = [MappingState.resolve(m) for m in mappings]
         for state in self._maps:
             state.set_foreign(self._maps)
+        self.journal = journal
+        # Mappings whose pull-back failed: the target may hold changes the
+        # host has not got, so pushes are refused until a pull succeeds.
+        self._pending: dict[int, PendingPull] = {}
+        if journal is not None:
+            for i, state in enumerate(self._maps):
+                if not state.mapping.upload_only and (found := journal.load(state)) is not None:
+                    self._pending[i] = found
+
+    @property
+    def pending(self) -> tuple[PendingPull, ...]:
+        """Pull-backs that failed and were not made good since (pushes are refused meanwhile)."""
+        return tuple(self._pending.values())
 
     @property
     def mappings(self) -> tuple[SyncMapping, ...]:
@@ -156,6 +171,14 @@ class SyncEngine:
         """
         report = progress or self.progress
         with self._mutex:
+            if self._pending:
+                raise SyncConflictError(
+                    "push refused: the target may hold changes that were never pulled back, and pushing would "
+                    "overwrite them: " + "; ".join(p.describe() for p in self._pending.values())
+                    + ". Pull them first (env.pull_files(), or `hermes-env pull` with the same options); "
+                    "files changed on both sides are then kept as .hermes-conflict-* backups",
+                    pending=tuple(self._pending.values()),
+                )
             now = self._clock()
             if (
                 not force
@@ -332,7 +355,41 @@ class SyncEngine:
         from .pull import run_pull
 
         with self._mutex:
-            return run_pull(self, progress or self.progress)
+            try:
+                result = run_pull(self, progress or self.progress)
+            except UnsafeArchiveError:
+                raise  # tampering: reported, and what the target holds is not wanted
+            except BaseException as exc:
+                why = str(exc) or type(exc).__name__
+                where = self._record_failed_pull(why)
+                if not isinstance(exc, Exception):
+                    raise
+                raise SyncError(
+                    f"pull-back failed: {why}; the target's changes stay there, and pushes are refused until "
+                    f"a pull succeeds{where}"
+                ) from exc
+            for i, state in enumerate(self._maps):
+                self._pending.pop(i, None)
+                if self.journal is not None and not state.mapping.upload_only:
+                    self.journal.clear(state)
+            return result
+
+    def _record_failed_pull(self, why: str) -> str:
+        """Keep what is known of each pulled mapping, on disk when there is a journal."""
+        saved = ""
+        for i, state in enumerate(self._maps):
+            if state.mapping.upload_only:
+                continue
+            pending = PendingPull(self.journal.target if self.journal else "target", state.host_root,
+                                  state.remote_path, time.time(), why)
+            if self.journal is not None:
+                try:
+                    pending = self.journal.record(state, why)
+                    saved = f" (recorded in {self.journal.directory})"
+                except OSError as exc:
+                    saved = f" (could not be recorded on disk: {exc}; only this engine knows)"
+            self._pending[i] = pending
+        return saved
 
     # -- helpers shared with pull.py -------------------------------------------
     def _trace(self, event: str, detail: str = "") -> None:

@@ -61,7 +61,7 @@ def test_the_public_view_is_read_only():
 
 @pytest.mark.parametrize(
     "typo, suggestion",
-    [("dokcer", "'docker'"), ("locl", "'local'"), ("shh", "'ssh'"), ("modl", "'modal' (pip install hermes-env-modal)")],
+    [("dokcer", "'docker'"), ("locl", "'local'"), ("shh", "'ssh'"), ("modl", "'modal' (pip install ./plugins/hermes-env-modal in a hermes-env checkout; hermes-env-modal is not on PyPI yet)")],
 )
 def test_a_typo_gets_a_close_match_and_the_installed_names(typo, suggestion):
     with pytest.raises(BackendNotFoundError) as info:
@@ -94,7 +94,7 @@ def test_a_known_backend_that_is_not_installed_gives_the_pip_line(name, dist):
     with pytest.raises(BackendNotInstalledError) as info:
         core_only().resolve(name)
     message = str(info.value)
-    assert message.endswith(f"which is not installed: pip install {dist}")
+    assert message.endswith(f"which is not installed: pip install ./plugins/{dist} in a hermes-env checkout; {dist} is not on PyPI yet")
     assert f"backend {name!r}" in message
     if name == "apptainer":
         assert "alias of 'singularity'" in message

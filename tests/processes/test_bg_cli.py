@@ -47,7 +47,7 @@ def test_background_ps_logs_kill_across_invocations(run_cli, marker: str) -> Non
     r = run_cli("kill", pid_id)
     assert r.returncode == 0 and "killed" in r.stdout, r.stderr
     assert wait_until(lambda: not procinfo.is_alive(int(pid)), 10)
-    rows = json.loads(run_cli("ps", "--json").stdout)
+    rows = json.loads(run_cli("ps", "--all", "--json").stdout)
     assert [(row["id"], row["status"], row["exit_code"]) for row in rows] == [(pid_id, "killed", 143)]
     assert run_cli("logs", pid_id).stdout == "tick 1\ntick 2\ntick 3\n"  # still on disk
     r = run_cli("kill", pid_id)
@@ -83,7 +83,7 @@ def test_ps_reports_a_process_whose_pid_was_reused(run_cli, tmp_path: Path) -> N
     data = json.loads(path.read_text())
     data["live"][0]["start_time"] += 1
     path.write_text(json.dumps(data))
-    rows = json.loads(run_cli("ps", "--json").stdout)
+    rows = json.loads(run_cli("ps", "--all", "--json").stdout)
     assert [(row["id"], row["status"]) for row in rows] == [(pid_id, "lost")]
     assert procinfo.is_alive(int(pid))  # not ours any more: left alone
     os.kill(int(pid), 9)

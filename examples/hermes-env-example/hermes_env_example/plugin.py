@@ -18,6 +18,6 @@ def hermes_env_backends() -> list[BackendSpec]:
             config_model="hermes_env_example.backend:ExampleConfig",
             summary="bash on this machine, starting in (and by default created as) its own directory",
             aliases=("example-local",),
-            install_hint="pip install hermes-env-example",
+            install_hint="pip install ./examples/hermes-env-example in a hermes-env checkout; it is not on PyPI",
         )
     ]

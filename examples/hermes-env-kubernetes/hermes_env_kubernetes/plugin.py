@@ -14,7 +14,7 @@ SPEC = BackendSpec(
     target="hermes_env_kubernetes.backend:KubernetesEnvironment",
     config_model="hermes_env_kubernetes.config:KubernetesConfig",
     summary="bash in a Kubernetes pod of its own (or an agent-sandbox SandboxClaim), commands over the exec websocket",
-    install_hint="pip install hermes-env-kubernetes",
+    install_hint="pip install 'kubernetes>=33'",
 )
 
 

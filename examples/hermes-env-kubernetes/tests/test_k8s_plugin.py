@@ -28,7 +28,7 @@ def test_found_by_entry_point_without_importing_the_sdk() -> None:
 
 def test_alias_and_summary() -> None:
     spec = get_registry().resolve("kubernetes")
-    assert "k8s" in spec.aliases and "pip install hermes-env-kubernetes" in spec.install_hint
+    assert "k8s" in spec.aliases and "pip install 'kubernetes>=33'" == spec.install_hint
 
 
 def test_unknown_option_rejected_naming_it() -> None:

@@ -19,7 +19,7 @@ def hermes_env_backends() -> list[BackendSpec]:
             target="hermes_env_daytona.backend:DaytonaEnvironment",
             config_model="hermes_env_daytona.config:DaytonaConfig",
             summary="bash in a Daytona cloud sandbox, one per task id (resumed when stopped)",
-            install_hint="pip install hermes-env-daytona",
+            install_hint="pip install 'daytona>=0.226,<0.227'",
             requires=("daytona",),
         )
     ]

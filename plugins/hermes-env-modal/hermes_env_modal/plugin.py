@@ -19,7 +19,7 @@ def hermes_env_backends() -> list[BackendSpec]:
             target="hermes_env_modal.backend:ModalEnvironment",
             config_model="hermes_env_modal.config:ModalConfig",
             summary="bash in a Modal cloud sandbox (direct with your token, or through a managed gateway)",
-            install_hint="pip install hermes-env-modal",
+            install_hint="pip install 'modal>=1.6,<1.7' 'httpx>=0.27,<1'",
             # the SDK (direct mode) and the gateway's HTTP client (managed mode)
             requires=("modal", "httpx"),
         )
