@@ -538,6 +538,9 @@ class DockerEnvironment(BaseEnvironment):
             self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
         return Usage(oom_killed="oom" in seen)
 
+    def _control_first(self) -> bool:
+        return bool(getattr(self.config, "pids_limit", None))
+
     def _explain_lost(self, started: float) -> tuple[int, str] | None:
         seen: set[str] = set()
         for attempt in range(4):

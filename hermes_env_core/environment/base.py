@@ -192,6 +192,11 @@ class BaseEnvironment(abc.ABC):
         ``started`` is its wall-clock start. May add a note with ``_note``."""
         return None
 
+    def _control_first(self) -> bool:
+        """Hook: open the second (kill) stream with the server, not when first needed (a target
+        whose process count is capped: a command may leave no room to start one later)."""
+        return False
+
     def _explain_lost_since(self, started_monotonic: float) -> tuple[int, str] | None:
         return self._explain_lost(time.time() - (time.monotonic() - started_monotonic))
 
@@ -254,6 +259,7 @@ class BaseEnvironment(abc.ABC):
                         env_id=self.task_id,
                         note=self._note,
                         explain_lost=self._explain_lost_since,
+                        control_first=self._control_first(),
                     )
                 runner = self._runner
         return runner

@@ -22,7 +22,7 @@ from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailabl
 from .channel import BOOT_ARGV as SCRIPT_ARGV
 from .channel import ChannelStream
 from .output import OutputCapture
-from .server import ServerLost, ServerReport, SessionServer, kill_request
+from .server import ServerLost, ServerReport, SessionServer
 from .session import SessionState, ShellSession, StateParseError, may_exit, parse_state_dump
 
 __all__ = ["ServerRun", "ServerRunner"]
@@ -31,6 +31,7 @@ _log = logging.getLogger(__name__)
 _POLL_S = 0.02
 _IDLE_CHECKPOINT_S = 0.15
 _DRAIN_S = 2.0
+_CONTROL_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -57,15 +58,37 @@ class _Control:
     def __init__(self, opener: Callable[[Sequence[str]], ChannelStream]) -> None:
         from .server import KILL_PROGRAM
 
+        self.stuck = False
         self._stream = opener(SCRIPT_ARGV)
         program = (KILL_PROGRAM + self._PROGRAM).encode()
         self._stream.write(f"{len(program)}\n".encode() + program)
         self._buf = b""
 
     def signal(self, pid: int, sig: str, since_ticks: int, *, server: int, last_pid: int = 0, start_ticks: int = 0) -> int:
-        """Signal the tree (``server``: 1 stops the server first, 2 also kills it); how many were found.
-        ``start_ticks``: the server's start time; nothing is done to another process with its id."""
-        self._stream.write(f"{pid} {sig} {since_ticks} {server} {last_pid} {start_ticks}\n".encode())
+        """Signal the tree (``server``: 1 stops the server first, 2 also kills it, 3 signals it too);
+        how many were found. ``start_ticks``: the server's start time; nothing is done to another
+        process with its id. A target that does not answer in time (a paused container) raises."""
+        box: dict[str, object] = {}
+
+        def io() -> None:
+            try:
+                box["n"] = self._signal(f"{pid} {sig} {since_ticks} {server} {last_pid} {start_ticks}\n")
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["e"] = exc
+
+        t = threading.Thread(target=io, name="hermes-env-kill", daemon=True)
+        t.start()
+        t.join(_CONTROL_TIMEOUT_S)
+        if t.is_alive():
+            # Left as it is (closing a stream into a frozen target can block): a new one is opened.
+            self.stuck = True
+            raise TimeoutError("the target did not answer the kill request")
+        if "e" in box:
+            raise box["e"]  # type: ignore[misc]
+        return int(box["n"])  # type: ignore[call-overload]
+
+    def _signal(self, request: str) -> int:
+        self._stream.write(request.encode())
         while b"\n" not in self._buf.partition(b"killed ")[2]:
             data = self._stream.read(4096)
             if not data:
@@ -98,8 +121,10 @@ class ServerRunner:
         env_id: str,
         note: Callable[[str], None],
         explain_lost: Callable[[float], tuple[int, str] | None] | None = None,
+        control_first: bool = False,
     ) -> None:
         self.label = label
+        self._control_first = control_first
         # Weak: the runner's threads must not keep an unclosed environment alive.
         self._note_ref = weakref.WeakMethod(note) if hasattr(note, "__self__") else (lambda: note)
         self._explain_ref = (
@@ -179,7 +204,7 @@ class ServerRunner:
             except Exception as exc:  # noqa: BLE001 - best effort
                 _log.debug("%s: sweeping the lost server failed: %r", self.label, exc)
         self._sweep = False
-        if self._control is None:
+        if self._control is None and self._control_first:
             # Opened now, while the target can start processes: a command that exhausts them
             # (a fork bomb under a pids limit) must still be stoppable.
             try:
@@ -404,24 +429,26 @@ class ServerRunner:
         def since() -> int:  # clock ticks (1/100 s) back to when the command was sent, and one for rounding
             return round((time.monotonic() - started) * 100) + 1
 
-        try:
-            if self._control is None:
-                self._control = _Control(self._opener)
-            kw = {"last_pid": self._cmd_last_pid, "start_ticks": server.start_ticks}
-            # SIGTERM to the tree and to the session's shell (a TERM trap of the session runs), then,
-            # after the grace or once nothing is left, SIGKILL to what is left and the server.
-            left = self._control.signal(server.pid, "TERM", since(), server=3, **kw)
-            end = time.monotonic() + grace
-            while left and time.monotonic() < end:
-                time.sleep(_POLL_S)
-                left = self._control.signal(server.pid, "0", since(), server=3, **kw)
-            self._control.signal(server.pid, "KILL", since(), server=2, **kw)
-        except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
-            _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
-            self._sweep = True  # try again once the target answers
-            if self._control is not None:
-                self._control.close()
+        for _attempt in (0, 1):
+            try:
+                if self._control is None:
+                    self._control = _Control(self._opener)
+                kw = {"last_pid": self._cmd_last_pid, "start_ticks": server.start_ticks}
+                # SIGTERM to the tree and to the session's shell (a TERM trap of the session runs), then,
+                # after the grace or once nothing is left, SIGKILL to what is left and the server.
+                left = self._control.signal(server.pid, "TERM", since(), server=3, **kw)
+                end = time.monotonic() + grace
+                while left and time.monotonic() < end:
+                    time.sleep(_POLL_S)
+                    left = self._control.signal(server.pid, "0", since(), server=3, **kw)
+                self._control.signal(server.pid, "KILL", since(), server=2, **kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - a stuck or broken control stream: once more on a new one
+                _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
+                if self._control is not None and not self._control.stuck:
+                    self._control.close()
                 self._control = None
+                self._sweep = True  # try again once the target answers
         if not _drain(server, sink):
             server.close()
 

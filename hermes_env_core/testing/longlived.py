@@ -14,7 +14,6 @@ import difflib
 import re
 import secrets
 import shlex
-import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
