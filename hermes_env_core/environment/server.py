@@ -543,6 +543,8 @@ if ((pst)); then
 '; return 0; }
 fi
 IFS= read -r -d '' cg <"/proc/$pid/cgroup" 2>/dev/null
+[[ -n $cg ]] && __k_cg=$cg
+[[ -z $cg && -n ${__k_cg-} ]] && cg=$__k_cg  # the server is gone: the cgroup it had
 # A cgroup of the whole host says nothing about who started a process.
 [[ $cg == *$'\n0::/\n'* || $cg == $'0::/\n'* ]] && cg=
 ((server == 1 || server == 2)) && kill -STOP "$pid" 2>/dev/null
@@ -552,10 +554,11 @@ while ((rounds--)); do
     IFS= read -r s 2>/dev/null <"$p/stat" || continue
     s=${s##*) }
     set -- $s
-    [[ $1 == Z ]] && continue
     p=${p#/proc/}
+    sids[$p]=$4  # a dead server's session still names its orphans
+    [[ $1 == Z ]] && continue
     kids[$2]+=" $p:${20}"
-    pp[$p]=$2 sids[$p]=$4
+    pp[$p]=$2
     __k_new "$p" "${20}" && orph+=("$p:${20}")
   done
   sid=${sids[$pid]}

@@ -434,13 +434,14 @@ class ServerRunner:
                 if self._control is None:
                     self._control = _Control(self._opener)
                 kw = {"last_pid": self._cmd_last_pid, "start_ticks": server.start_ticks}
-                # SIGTERM to the tree and to the session's shell (a TERM trap of the session runs), then,
-                # after the grace or once nothing is left, SIGKILL to what is left and the server.
-                left = self._control.signal(server.pid, "TERM", since(), server=3, **kw)
+                # The server frozen (no further statement of the command runs), SIGTERM to the
+                # command's tree, then, after the grace or once nothing is left, SIGKILL to what is
+                # left and to the server.
+                left = self._control.signal(server.pid, "TERM", since(), server=1, **kw)
                 end = time.monotonic() + grace
                 while left and time.monotonic() < end:
                     time.sleep(_POLL_S)
-                    left = self._control.signal(server.pid, "0", since(), server=3, **kw)
+                    left = self._control.signal(server.pid, "0", since(), server=1, **kw)
                 self._control.signal(server.pid, "KILL", since(), server=2, **kw)
                 break
             except Exception as exc:  # noqa: BLE001 - a stuck or broken control stream: once more on a new one
