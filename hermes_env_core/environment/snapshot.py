@@ -235,7 +235,7 @@ def restored_state(
 ) -> SessionState:
     """The state a new session starts with: the snapshot's, plus the new shell's own secret-looking
     variables (never captured, so never removed), in ``cwd`` when given."""
-    secret = _secret_names(baseline.variables, passthrough, blocked)
+    secret = _secret_names(baseline.variables, (), blocked)  # passthrough or not: never captured by default
     variables = dict(snap_state.variables)
     for name in secret:
         variables.setdefault(name, baseline.variables[name])

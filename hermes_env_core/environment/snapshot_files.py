@@ -76,7 +76,10 @@ def _carried_options(env: BaseEnvironment) -> dict[str, Any]:
     cfg = env.config
     out = cfg.model_dump(mode="json")
     for key in list(out):
-        if key in _NOT_CARRIED or isinstance(getattr(cfg, key, None), SecretStr):
+        field = type(cfg).model_fields.get(key)
+        if key in _NOT_CARRIED or isinstance(getattr(cfg, key, None), SecretStr) or "SecretStr" in str(
+            field.annotation if field is not None else ""
+        ):
             out.pop(key)
     if isinstance(out.get("env"), dict):
         out["env"] = filter_environment(out["env"])
@@ -369,7 +372,7 @@ def _local_dest(restore_to: str | None) -> tuple[str, str | None]:
         return path, path
     path = os.path.abspath(restore_to)
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        raise HermesEnvError(f"restore_to={restore_to!r} must be a new or empty directory")
+        raise UsageError(f"restore_to={restore_to!r} must be a new or empty directory")
     os.makedirs(path, exist_ok=True)
     return path, None
 
