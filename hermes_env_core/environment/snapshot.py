@@ -26,7 +26,7 @@ from ..errors import HermesEnvError, UsageError
 from .session import SessionState
 
 if TYPE_CHECKING:
-    from .base import BaseEnvironment
+    pass
 
 __all__ = [
     "CorruptSnapshotError",
@@ -354,7 +354,7 @@ def check_archive(path: Path, where: str) -> list[tarfile.TarInfo]:
                     raise CorruptSnapshotError(f"{where}: {path.name} holds an unsafe path {m.name!r}; refused")
                 if m.isdev():
                     raise CorruptSnapshotError(f"{where}: {path.name} holds a device file {m.name!r}; refused")
-                if any(name == l or name.startswith(l + "/") for l in links):
+                if any(name == link or name.startswith(link + "/") for link in links):
                     raise CorruptSnapshotError(f"{where}: {path.name} writes through a symbolic link ({m.name!r}); refused")
                 if m.islnk() and _norm(m.linkname) is None:
                     raise CorruptSnapshotError(f"{where}: {path.name} holds a hard link out of it ({m.linkname!r}); refused")
@@ -380,7 +380,7 @@ def _norm(name: str) -> str | None:
 
 def list_snapshots() -> list[tuple[str, Snapshot | None, str]]:
     """Every stored snapshot: (name, the record or None, "" or why it is refused). Archives are not re-read."""
-    out = []
+    out: list[tuple[str, Snapshot | None, str]] = []
     for name in snapshot_names():
         try:
             out.append((name, load_snapshot(name, verify_archives=False), ""))
@@ -398,10 +398,25 @@ def remove_snapshot(name: str) -> Snapshot | None:
     try:
         snap: Snapshot | None = load_snapshot(name, verify_archives=False)
     except CorruptSnapshotError:
-        snap = None
+        snap = _image_of_damaged(path)
     if snap is not None and snap.files.kind == "image":
         from .snapshot_files import remove_image
 
         remove_image(snap)
     shutil.rmtree(path)
     return snap
+
+
+def _image_of_damaged(path: Path) -> Snapshot | None:
+    """What a refused snapshot's manifest says of its docker image, if it still says it (for ``rm``)."""
+    try:
+        m = json.loads((path / MANIFEST).read_text())
+        files = m["files"]
+        if files.get("kind") != "image" or not str(files.get("ref", "")).startswith("hermes-env-snapshot:"):
+            return None
+        return Snapshot(
+            name=path.name, backend="docker", created=0.0, state_text="",
+            files=FilesRef("image", ref=files["ref"]), options={"docker_host": m.get("options", {}).get("docker_host")},
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -30,7 +30,6 @@ from .snapshot import (
     CorruptSnapshotError,
     FilesRef,
     Snapshot,
-    check_archive,
     check_name,
     filter_state,
     load_snapshot,
@@ -77,9 +76,8 @@ def _carried_options(env: BaseEnvironment) -> dict[str, Any]:
     out = cfg.model_dump(mode="json")
     for key in list(out):
         field = type(cfg).model_fields.get(key)
-        if key in _NOT_CARRIED or isinstance(getattr(cfg, key, None), SecretStr) or "SecretStr" in str(
-            field.annotation if field is not None else ""
-        ):
+        annotation = repr(field.annotation) if field is not None else ""
+        if key in _NOT_CARRIED or isinstance(getattr(cfg, key, None), SecretStr) or "SecretStr" in annotation:
             out.pop(key)
     if isinstance(out.get("env"), dict):
         out["env"] = filter_environment(out["env"])
