@@ -426,11 +426,6 @@ def _start_from(env: BaseEnvironment, snap: Snapshot, state: SessionState, cwd: 
     cfg = env.config
     passthrough = tuple(getattr(cfg, "env_passthrough", ()))
     blocked = tuple(getattr(cfg, "env_blocklist", ()))
-    if dirs and "OLDPWD" in state.variables:
-        old = _map(_old_pwd(state.variables["OLDPWD"]), dirs)
-        if old is not None and _plain(old):
-            state = dataclasses.replace(state, variables={**state.variables, "OLDPWD": f'declare -x OLDPWD="{old}"'})
-
     def start(baseline: SessionState) -> SessionState:
         return restored_state(state, baseline, cwd=cwd, passthrough=passthrough, blocked=blocked)
 
@@ -440,17 +435,6 @@ def _start_from(env: BaseEnvironment, snap: Snapshot, state: SessionState, cwd: 
         session = env.session
         assert session.baseline is not None
         session.set_state(start(session.baseline))
-
-
-def _old_pwd(line: str) -> str | None:
-    value = line.partition("=")[2]
-    if len(value) >= 2 and value[0] == value[-1] == '"' and _plain(value[1:-1]):
-        return value[1:-1]
-    return None
-
-
-def _plain(path: str) -> bool:
-    return all(c.isalnum() or c in "/_.-+@:," for c in path)
 
 
 # -- forks ------------------------------------------------------------------------------------------

@@ -142,12 +142,14 @@ def test_fork_sessions_diverge(tmp_path, _store):
     assert _restored_dirs(_store) == []
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40))
 def test_odd_values_round_trip_through_a_snapshot(tmp_path, value):
+    work = tmp_path / "w"
+    work.mkdir(exist_ok=True)
     assume(not carries_url_password(value))
     name = "rt-" + secrets.token_hex(4)
-    with create_environment("local", cwd=str(tmp_path)) as env:
+    with create_environment("local", cwd=str(work)) as env:
         r = env.execute(f"declare -x ODD={ansi_c_quote(value)}; declare -a ARR=({ansi_c_quote(value)} x)")
         assert r.exit_code == 0, r.output
         snap = env.snapshot(name)
