@@ -291,13 +291,15 @@ def store(snap: Snapshot, workdir: Path) -> Snapshot:
 
 
 def load_snapshot(name: str | Snapshot, *, verify_archives: bool = True) -> Snapshot:
-    """The stored snapshot ``name``, every part checked; ``SnapshotNotFoundError`` or ``CorruptSnapshotError``."""
+    """The stored snapshot ``name`` (or the one a ``Snapshot`` was read from), every part checked;
+    ``SnapshotNotFoundError`` or ``CorruptSnapshotError``. A fork's temporary snapshot is returned as is."""
+    root = snapshots_dir(create=False)
     if isinstance(name, Snapshot):
-        if name.path is None:
+        if name.path is None or not (Path(name.path) / MANIFEST_SUM).exists():
             return name
-        name = name.name
+        root, name = Path(name.path).parent, name.name
     check_name(name)
-    path = snapshots_dir(create=False) / name
+    path = root / name
     if not path.is_dir():
         raise _not_found(name)
     where = f"snapshot {name!r} ({path})"

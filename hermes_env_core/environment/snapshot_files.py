@@ -59,9 +59,9 @@ _NOT_CARRIED = frozenset({"task_id", "persistent", "cwd"})
 
 def _unsupported(env_name: str, what: str) -> UnsupportedOperation:
     return UnsupportedOperation(
-        f"backend {env_name!r} cannot {what}: file snapshots work on {', '.join(FILE_BACKENDS)}; "
+        f"backend {env_name!r} cannot {what}: snapshots of files and forks work on {', '.join(FILE_BACKENDS)}; "
         f"on {env_name!r} take a state-only snapshot instead (env.snapshot(files=False): cwd, variables, "
-        "functions, aliases and options, no files)"
+        "functions, aliases and options, no files) and start a new environment from it"
     )
 
 
@@ -276,10 +276,6 @@ def _check_image(snap: Snapshot, options: Mapping[str, Any]) -> None:
 
 
 # -- starting from one ------------------------------------------------------------------------------
-def _stored(snap: Snapshot) -> bool:
-    return snap.path is not None and Path(snap.path).parent == snapshots_dir(create=False)
-
-
 def _map(path: str | None, dirs: Mapping[str, str]) -> str | None:
     if path is None:
         return None
@@ -308,13 +304,17 @@ def environment_from_snapshot(
 ) -> BaseEnvironment:
     """A new environment whose session starts from ``snapshot``: files first, then the state,
     restored into its session server before the first command."""
-    snap = load_snapshot(snapshot) if isinstance(snapshot, str) or _stored(snapshot) else snapshot
-    if backend is not None and backend != snap.backend:
-        raise UsageError(
-            f"snapshot {snap.name!r} was taken on backend {snap.backend!r}; it starts environments on "
-            f"{snap.backend!r} only, not {backend!r}"
-        )
+    snap = load_snapshot(snapshot)
     opts = {**snap.options, **options}
+    if backend is not None and backend != snap.backend:
+        if snap.files.kind != "none":
+            raise UsageError(
+                f"snapshot {snap.name!r} was taken on backend {snap.backend!r} with its files; it starts "
+                f"environments on {snap.backend!r} only, not {backend!r} (a state-only snapshot, "
+                "env.snapshot(files=False), starts on any backend)"
+            )
+        # The state alone, on another backend: that backend's options, none of the snapshot's.
+        snap, opts = dataclasses.replace(snap, backend=backend), dict(options)
     kind = snap.files.kind
     fresh: str | None = None
     dirs: dict[str, str] = {}
@@ -444,6 +444,8 @@ def fork_environment(env: BaseEnvironment, n: int, *, paths: Sequence[str] | Non
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"fork(n): n must be a whole number >= 1, got {n!r}")
+    if env.name not in FILE_BACKENDS:
+        raise _unsupported(env.name, "fork")
     snap = take_snapshot(env, f"fork-{os.urandom(4).hex()}", paths=paths, _temporary=True)
     factory = EnvironmentFactory()
     made: list[BaseEnvironment] = []

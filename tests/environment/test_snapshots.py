@@ -188,8 +188,13 @@ def test_backend_without_file_snapshots_says_what_it_supports():
             env.snapshot("x")
         msg = str(e.value)
         assert "'nofiles'" in msg and "local, ssh, docker" in msg and "files=False" in msg
+        with pytest.raises(UnsupportedOperation, match="'nofiles' cannot fork"):
+            env.fork(2)
+        env.execute("cd /")
         snap = env.snapshot("stateonly", files=False)
     assert snap.files.kind == "none" and '"X"' in snap.state_text
+    with create_environment("local", snapshot=snap) as new:
+        assert new.execute('pwd; echo "$X"').output == "/\n1\n"
 
 
 def test_unknown_and_deleted_names_list_what_exists(tmp_path):
@@ -280,6 +285,8 @@ def test_a_corrupt_snapshot_is_refused_whole(tmp_path, _store, how):
         create_environment("local", snapshot="bad")
     with pytest.raises(CorruptSnapshotError):
         load_snapshot("bad")
+    with pytest.raises(CorruptSnapshotError):
+        create_environment("local", snapshot=snap)  # the record in hand is checked against its files too
     assert set(_store.iterdir()) == before  # nothing unpacked, no environment made
     assert not (tmp_path / "escape").exists()
     assert cli_main(["snapshots"]) == 0  # listed as refused, and still removable
