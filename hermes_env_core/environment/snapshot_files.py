@@ -238,7 +238,11 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
         if isinstance(exc, HermesEnvError):
             raise
         raise EnvironmentUnavailable(f"docker: committing the container for snapshot {name!r} failed: {exc}") from exc
-    return FilesRef("image", ref=f"{_IMAGE_REPO}:{tag}", digest=image)
+    try:
+        size = int(api.inspect_image(image).get("Size") or 0)
+    except Exception:  # noqa: BLE001 - only the listing shows it
+        size = 0
+    return FilesRef("image", ref=f"{_IMAGE_REPO}:{tag}", digest=image, size=size)
 
 
 def remove_image(snap: Snapshot) -> None:
