@@ -196,7 +196,7 @@ class ServerRunner:
             if given is not None or (state.cwd and state.cwd != cwd):
                 self._restore(server, state)
                 got = self._refresh_cwd(server)
-                if got == cwd:
+                if got == cwd and state.cwd != cwd:
                     # The configured directory cannot be entered: the first command says so.
                     self._start_error = state.cwd
                 self.session.set_state(SessionState(**{**state.__dict__, "cwd": got}))
