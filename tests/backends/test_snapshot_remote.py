@@ -59,6 +59,7 @@ def test_docker_fork_diverges(docker_client, docker_image):
             ids = {e.container_id for e in forks}
             assert len(ids) == 3 and env.container_id not in ids
             [tag] = {t for e in forks for t in [e.config.image]}
+            assert docker_client.images.list(filters={"reference": tag})
             for i, e in enumerate(forks):
                 for _ in range(i + 1):
                     e.execute("inc")
@@ -70,7 +71,8 @@ def test_docker_fork_diverges(docker_client, docker_image):
             for e in forks:
                 e.close()
     # The fork's image went with the last fork.
-    assert not docker_client.images.list(name=tag.split(":")[0], filters={"reference": tag})
+    assert tag.startswith("hermes-env-snapshot:fork-")
+    assert not docker_client.images.list(filters={"reference": tag})
 
 
 # -- ssh ------------------------------------------------------------------------------------------
