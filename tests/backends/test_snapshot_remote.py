@@ -48,6 +48,14 @@ def test_docker_snapshot_with_its_image_gone_is_refused(docker_client, docker_im
     docker_client.images.remove(snap.files.ref)
     with pytest.raises(CorruptSnapshotError, match="image .* is gone"):
         create_environment("docker", snapshot="gone")
+    # Another image under the snapshot's tag is not the one committed.
+    repo, tag = snap.files.ref.split(":")
+    docker_client.images.get(docker_image).tag(repo, tag)
+    try:
+        with pytest.raises(CorruptSnapshotError, match="that was committed; refused"):
+            create_environment("docker", snapshot="gone")
+    finally:
+        docker_client.images.remove(snap.files.ref)
     assert cli_main(["snapshots", "rm", "gone"]) == 0
 
 
