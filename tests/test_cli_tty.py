@@ -268,6 +268,13 @@ def test_ctrl_c_interrupts_sleep_in_the_shell_without_ending_it(pane, backend):
     p.key("C-c")
     _prompt(p, 3)
     assert re.search(r"\[130\]\$", p.screen())
+    # Ctrl-C at once after Enter, wherever it lands (reading the line, starting the command): the line
+    # is cancelled, never the shell.
+    for i in range(5):
+        p.key("C-c")  # a clean line
+        p.type(f"sleep {100 + i}")
+        p._t("send-keys", "Enter", "C-c")
+        p.wait_for(rf"sleep {100 + i}\n(.*\n)*?{PROMPT[1:]}", timeout=WAIT)
     p.line("echo still-here")
     p.wait_for(r"^still-here$")
     p.line("exit")
