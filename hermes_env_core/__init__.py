@@ -12,6 +12,7 @@ from importlib.metadata import version as _version
 from .config import (
     ConfigFile,
     ConfigValue,
+    ConfigWarning,
     IgnoredSetting,
     MemorySize,
     ResolvedConfig,
@@ -86,6 +87,7 @@ __all__ = [
     "ConfigError",
     "ConfigFile",
     "ConfigValue",
+    "ConfigWarning",
     "DuplicateBackendError",
     "EnvironmentClosedError",
     "EnvironmentConfig",

@@ -15,11 +15,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import uuid
 
 __all__ = ["MemoryCgroup"]
 
 log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"hermes-env-(\d+)-[0-9a-f]{8}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,8 +38,38 @@ def _parent() -> tuple[str, str] | None:
         if "memory" in controllers.split(","):  # v1: a hierarchy of its own
             base = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
             if _writable(base):
+                _sweep_dead(base)
                 return base, "memory.max_usage_in_bytes"
     return None  # a v2 pool with memory.peak is the tree cgroup's business
+
+
+def _sweep_dead(base: str) -> None:
+    """Remove the empty memory cgroups of hermes-env processes that are gone (killed before they could).
+
+    A cgroup that still holds a process is busy and stays (rmdir refuses it).
+    """
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        m = _NAME_RE.fullmatch(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.rmdir(os.path.join(base, name))
+        except OSError:
+            continue
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _writable(directory: str) -> bool:

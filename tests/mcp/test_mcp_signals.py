@@ -60,7 +60,7 @@ def test_stdio_server_stopped_mid_call_kills_the_command(tmp_path: Path, sig: si
         _send(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                      "params": {"name": "run", "arguments": {"command": f"sleep {marker}; echo done"}}})
         try:
-            wait_until(lambda: bool(tree.extend(_sleep_running(proc.pid, marker)) or tree), 30, "the sleep")
+            wait_until(lambda: bool(tree.extend(_sleep_running(proc.pid, marker)) or tree), 90, "the sleep")
         except AssertionError:
             proc.kill()
             raise AssertionError(f"no sleep; server said {proc.communicate()}") from None
@@ -96,7 +96,7 @@ def test_http_server_stopped_mid_call_kills_the_command(tmp_path: Path, sig: sig
                 "jsonrpc": "2.0", "id": 2, "method": "tools/call",
                 "params": {"name": "run", "arguments": {"command": f"sleep {marker}; echo done"}},
             }):
-                wait_until(lambda: bool(tree.extend(_sleep_running(srv.proc.pid, marker)) or tree), 30, "the sleep")
+                wait_until(lambda: bool(tree.extend(_sleep_running(srv.proc.pid, marker)) or tree), 90, "the sleep")
                 srv.proc.send_signal(sig)
                 assert srv.proc.wait(30) == 128 + sig
         try:
