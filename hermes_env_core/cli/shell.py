@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import re
 import shlex
@@ -119,32 +120,42 @@ def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
         match = _EXIT_RE.match(command)
         if match:
             return int(match.group(1)) if match.group(1) else state.last
-        forced = _TTY_RE.match(command)
-        if forced:
-            rest = (forced.group(1) or "").strip()
-            if rest in tty.TTY_MODES or not rest:
-                state.tty_mode = rest or state.tty_mode
-                if interactive:
-                    print(f"tty: {state.tty_mode}")
-                else:
-                    print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
-                continue
-            command = rest
-        if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
-            tty.print_state_warning(command)
-            state.last = tty.run_tty(env, command, newline_after=True)
-            # The session's $? follows, as after any other line.
-            env.execute(f"( exit {state.last} )")
-            continue
-        result = execute(env, command, out=sys.stdout, newline_after=interactive)
-        print_notes(result)
-        state.last = result.exit_code
-        if interactive and result.exit_code != 0 and _READ_RE.search(command):
-            print(
-                f"{PROG}: `read` saw end of input: this line ran without a terminal; "
-                "run it on one with `:tty COMMAND`, or give it input in the command (read x <<< 'text')",
-                file=sys.stderr,
-            )
+        try:
+            _run_line(env, command, interactive, state)
+        except KeyboardInterrupt:
+            # Ctrl-C between reading the line and its command starting (or after it ended): the line is
+            # cancelled, the shell stays.
+            print()
+            state.last = 130
+
+
+def _run_line(env: BaseEnvironment, command: str, interactive: bool, state: _State) -> None:
+    forced = _TTY_RE.match(command)
+    if forced:
+        rest = (forced.group(1) or "").strip()
+        if rest in tty.TTY_MODES or not rest:
+            state.tty_mode = rest or state.tty_mode
+            if interactive:
+                print(f"tty: {state.tty_mode}")
+            else:
+                print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
+            return
+        command = rest
+    if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
+        tty.print_state_warning(command)
+        state.last = tty.run_tty(env, command, newline_after=True)
+        # The session's $? follows, as after any other line.
+        execute(env, f"( exit {state.last} )", out=io.StringIO())
+        return
+    result = execute(env, command, out=sys.stdout, newline_after=interactive)
+    print_notes(result)
+    state.last = result.exit_code
+    if interactive and result.exit_code != 0 and _READ_RE.search(command):
+        print(
+            f"{PROG}: `read` saw end of input: this line ran without a terminal; "
+            "run it on one with `:tty COMMAND`, or give it input in the command (read x <<< 'text')",
+            file=sys.stderr,
+        )
 
 
 def _on_terminal(env: BaseEnvironment, command: str, mode: str) -> bool:
