@@ -321,6 +321,55 @@ def test_run_tty_passes_piped_input_on_and_its_end_as_ctrl_d(backend, tmp_path):
     assert re.search(r"^(>>> )*42 True\r?$", r.stdout, re.M), r.stdout
 
 
+def test_ctrl_c_typed_right_as_the_prompt_appears_is_never_lost(tmp_path):
+    # Python's readline runs the SIGINT handler only when its select() is interrupted: a Ctrl-C landing
+    # just before that select() used to wait for the next key (about one in eight here).
+    import pty
+    import select
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TERMINAL_", "HERMES_ENV_"))}
+    env.update(TERM="dumb", INPUTRC="/dev/null", HERMES_ENV_HISTFILE="", XDG_STATE_HOME=str(tmp_path))
+    argv = [sys.executable, "-m", "hermes_env_core.cli", "shell", "--env", "local"]
+    where = str(tmp_path)
+    prompt = re.compile(rb"\(local\) [^\r\n]*\$ $")
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.chdir(where)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+
+    def until_prompt(timeout: float) -> bool:
+        buf, deadline = bytearray(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if prompt.search(buf):
+                return True
+            if select.select([fd], [], [], 0.02)[0]:
+                try:
+                    buf += os.read(fd, 65536)
+                except OSError:
+                    return False
+        return False
+
+    try:
+        assert until_prompt(WAIT)
+        lost = 0
+        for _ in range(60):
+            os.write(fd, b"true\n")
+            assert until_prompt(WAIT)
+            os.write(fd, b"\x03")
+            if not until_prompt(3):
+                lost += 1
+                os.write(fd, b"\x03")  # a person presses it again
+                assert until_prompt(WAIT)
+        assert lost == 0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
 # -- the line rule ---------------------------------------------------------------------------
 
 
