@@ -56,6 +56,7 @@ from .errors import (
     UnsupportedOperation,
     UsageError,
 )
+from .environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot, SnapshotNotFoundError
 from .factory import EnvironmentFactory, EnvironmentPool, create_environment
 from .plugins import (
     BackendRegistry,
@@ -88,6 +89,7 @@ __all__ = [
     "ConfigFile",
     "ConfigValue",
     "ConfigWarning",
+    "CorruptSnapshotError",
     "DuplicateBackendError",
     "EnvironmentClosedError",
     "EnvironmentConfig",
@@ -96,6 +98,7 @@ __all__ = [
     "EnvironmentUnavailable",
     "EndReason",
     "ExecResult",
+    "FilesRef",
     "Usage",
     "HermesEnvError",
     "IgnoredSetting",
@@ -106,6 +109,8 @@ __all__ = [
     "ProcessHandle",
     "ResolvedConfig",
     "RunRequest",
+    "Snapshot",
+    "SnapshotNotFoundError",
     "StdinMode",
     "SyncConflictError",
     "SyncError",

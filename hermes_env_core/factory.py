@@ -74,6 +74,13 @@ class EnvironmentFactory:
     ) -> BaseEnvironment:
         """Create an environment of backend ``name`` (or ``backend=``) with ``options``; see ``create_environment``."""
         name = _backend_argument(name, options)
+        if options.get("snapshot") is not None:
+            # A new session from a snapshot: its files, then its state (environment.snapshot_files).
+            from .environment.snapshot_files import environment_from_snapshot
+
+            snapshot, restore_to = options.pop("snapshot"), options.pop("restore_to", None)
+            return environment_from_snapshot(self, name, snapshot, options, restore_to=restore_to)
+        options.pop("snapshot", None)
         resolved = self.resolve(name, option_strings=option_strings, **options)
         return self.create_resolved(resolved)
 
@@ -109,6 +116,9 @@ def create_environment(backend: str | None = None, /, **options: Any) -> BaseEnv
     these arguments > ``TERMINAL_<FIELD>`` variables > the config file > the
     backend's defaults; they are validated by the backend's config model, and
     an unknown key is a ``ConfigError`` naming it.
+    ``snapshot=`` (a ``Snapshot`` or a stored snapshot's name) starts the session from it (files,
+    then state); ``restore_to=`` is where a local or ssh snapshot's files go (default a fresh
+    directory, removed at close).
     """
     return EnvironmentFactory().create(backend, **options)
 

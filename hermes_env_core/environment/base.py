@@ -460,6 +460,25 @@ class BaseEnvironment(abc.ABC):
             signal=sig,
         )
 
+    def snapshot(
+        self, name: str | None = None, *, paths: Sequence[str] | None = None, files: bool = True,
+        max_bytes: int | None = None,
+    ) -> Any:
+        """Capture the session state and the target's files as a stored ``Snapshot``
+        (see ``environment.snapshot``); ``create_environment(backend, snapshot=...)`` starts from it.
+        ``paths``: the directories to archive (local, ssh; default the working directory);
+        ``files=False``: the state alone, on any backend."""
+        from .snapshot_files import DEFAULT_MAX_BYTES, take_snapshot
+
+        return take_snapshot(self, name, paths=paths, files=files, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+
+    def fork(self, n: int, *, paths: Sequence[str] | None = None) -> list[Any]:
+        """``n`` independent environments, each with its own target, starting from this session's
+        state and files (docker: n containers from one commit)."""
+        from .snapshot_files import fork_environment
+
+        return fork_environment(self, n, paths=paths)
+
     def close(self) -> None:
         """Release the environment; later ``execute()`` calls raise.
 
