@@ -27,7 +27,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from ..sync import cli as sync_cli
-from . import info, shell, tty
+from . import info, sessions, shell, tty
 from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=shell.cmd_shell)
 
     info.add_commands(sub, env_opts)
+    sessions.add_commands(sub)
     mcp_cli.add_parser(sub)
     return parser
 
