@@ -95,7 +95,7 @@ else
 fi
 exec 6<&0
 cat -- "$d/out" & r=$!
-{ cat <&6 >"$d/in"; kill "$r" 2>/dev/null; } & w=$!
+{ cat <&6 >"$d/in"; kill "$r"; } 2>/dev/null & w=$!
 exec 6<&-
 printf '%s\n' "$r" >"$d/lock/reader"; printf '%s\n' "$w" >"$d/lock/writer"
 wait "$r"
@@ -416,6 +416,7 @@ def open_session(
             )
         backend = record.backend
         options = {**record.options, **options}
+        option_strings = {**record.option_strings, **(option_strings or {})}
         mode = "attach"
         baseline, _, _, _ = store.get_state(name)
     cls = factory.registry.load(backend)
@@ -430,6 +431,7 @@ def open_session(
         record = SessionRecord(
             name=name, backend=backend, options=public_options(options), task_id=str(task_id),
             private_dir=f"/tmp/hermes-env-{secrets.token_hex(16)}", idle_timeout=idle_timeout,
+            option_strings={k: str(v) for k, v in public_options(dict(option_strings or {})).items()},
         )
     elif idle_timeout is not None:
         record.idle_timeout = idle_timeout
@@ -448,6 +450,8 @@ def open_session(
             raise binding.lost(f"its target {record.target or record.task_id} was removed")
         restore_into_new()
     env = factory.create_resolved(resolved)
+    # The backend's word on a reused container says the shell starts fresh: not so here.
+    env._notes[:] = [n for n in env._notes if not n.startswith("reusing persistent container")]
     env._named = binding
     try:
         try:

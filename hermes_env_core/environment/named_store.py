@@ -65,6 +65,7 @@ class SessionRecord:
     created: float = dataclasses.field(default_factory=time.time)
     last_used: float = dataclasses.field(default_factory=time.time)
     idle_timeout: float | None = None
+    option_strings: dict[str, str] = dataclasses.field(default_factory=dict)  # as typed (-o KEY=VALUE)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionRecord:
