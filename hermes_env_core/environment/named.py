@@ -42,7 +42,12 @@ umask 077
 say() { printf '\036hermes-relay %s\n' "$*"; }
 stamp() { printf '%(%s)T\n' -1 >"$d/activity" 2>/dev/null; }
 held() { local h=; IFS= read -r h <"$d/lock/pid" 2>/dev/null; [[ -z $h ]] || kill -0 "$h" 2>/dev/null; }
-alive() { local p=; [[ -f $d/pid ]] && IFS= read -r p <"$d/pid" && [[ -n $p ]] && kill -0 "$p" 2>/dev/null && pid=$p; }
+alive() {
+  local p= s=
+  [[ -f $d/pid ]] && IFS= read -r p <"$d/pid" && [[ -n $p ]] && kill -0 "$p" 2>/dev/null || return 1
+  IFS= read -r s <"/proc/$p/stat" 2>/dev/null && s=${s##*) } && [[ ${s%% *} == Z ]] && return 1
+  pid=$p
+}
 watch() {
   local last t step=1
   ((idle >= 20)) && step=5
@@ -350,6 +355,15 @@ class NamedBinding:
     def detach(self, env: BaseEnvironment) -> None:
         if env.closed:
             return
+        runner = env._runner
+        if runner is not None and not (runner._server is not None and runner._server.alive):
+            # The last command ended the shell (exit): its successor, with the state it handed back,
+            # is what the next attach finds, as the next command here would have.
+            try:
+                with runner._lock:
+                    runner._ensure()
+            except HermesEnvError as exc:
+                _log.debug("session %s: no new server before detaching: %s", self.name, exc)
         self.save(env)
         env._closed = True
         env._closing.set()
@@ -401,7 +415,7 @@ def open_session(
     check_name(name)
     store = store or SessionStore()
     record = store.get(name)
-    baseline, restore_state = None, None
+    baseline: SessionState | None = None
     if record is None:
         if restore:
             store.require(name)  # says which names exist

@@ -13,7 +13,7 @@ import pytest
 
 from hermes_env_core import BackendRegistry, BackendSpec, create_environment
 from hermes_env_core.backends.local import LocalEnvironment
-from hermes_env_core.environment.named import SessionBusyError, SessionLostError
+from hermes_env_core.environment.named import SessionBusyError
 from hermes_env_core.environment.named_store import SessionStore, UnknownSessionError
 from hermes_env_core.errors import UnsupportedOperation
 from hermes_env_core.factory import EnvironmentFactory
