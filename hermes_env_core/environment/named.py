@@ -14,6 +14,7 @@ import logging
 import secrets
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,7 @@ rm -rf -- "$d/lock"
 
 RELAY_ARGV: tuple[str, ...] = ("bash", "-c", RELAY, "hermes-relay", BOOT_ARGV[2])
 _STATUS = b"\x1ehermes-relay "
+_RELEASE_AFTER_S = 0.2  # idle this long after a command, an attached environment lets another process in
 
 
 class SessionBusyError(HermesEnvError):
@@ -205,9 +207,14 @@ class NamedServer(SessionServer):
             self.close()
 
     def quit(self, timeout: float = 10.0) -> bytes:
-        # Ending the session for good: its private directory goes with it.
+        # Ending the session for good: its private directory goes with it, and the relay is told
+        # to stop (background jobs may hold the output FIFO open, so it would not see the end).
+        d = shlex.quote(self.private_dir)
         try:
-            self._send(f"{{ command rm -rf -- {shlex.quote(self.private_dir)}; }} 2>/dev/null\n".encode())
+            self._send(
+                f"{{ IFS= builtin read -r __hermes_c <{d}/lock/reader; command rm -rf -- {d}; "
+                f'builtin kill "$__hermes_c"; }} 2>/dev/null; builtin exit 0\n'.encode()
+            )
         except ServerLost:
             pass
         return super().quit(timeout)
@@ -221,6 +228,43 @@ class NamedRunner(ServerRunner):
         self.binding = binding
         self._first_mode: str | None = binding.mode
         self._preboot: NamedServer | None = None
+        self._released = False  # let go of the server after a command; attach again for the next
+        self._runs = 0
+        self._timer: threading.Timer | None = None
+
+    def run(self, command: str, **kwargs: Any) -> Any:  # type: ignore[override]
+        self._runs += 1
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            return super().run(command, **kwargs)
+        finally:
+            # Let go once idle a moment: commands in a row keep the attachment (an attach costs a stream).
+            self._timer = threading.Timer(_RELEASE_AFTER_S, self._let_go, (self._runs,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _let_go(self, runs: int | None = None) -> None:
+        """Between commands the session is free for another process (it waits for this one's command only)."""
+        if not self._lock.acquire(timeout=5.0):
+            return
+        try:
+            server = self._server
+            if runs is not None and runs != self._runs:
+                return  # another command came meanwhile
+            if self._closed or not isinstance(server, NamedServer) or not server.alive:
+                return
+            if server.dirty:
+                try:
+                    self._refresh()
+                except (ServerLost, TimeoutError, HermesEnvError) as exc:
+                    _log.debug("%s: checkpoint before letting go failed: %r", self.label, exc)
+            if server.alive:
+                self._server = None
+                self._released = True
+                server.detach()
+        finally:
+            self._lock.release()
 
     def _boot(self) -> SessionServer:
         if self._preboot is not None:
@@ -236,6 +280,19 @@ class NamedRunner(ServerRunner):
             raise self.binding.refused(exc) from None
 
     def _ensure(self) -> SessionServer:
+        if self._server is None and self._released:
+            self._released = False
+            try:
+                server = NamedServer(
+                    self._opener, private_dir=self.private_dir, login=self._login, label=self.label, init=self._init,
+                    mode="attach", wait=self.binding.wait, idle=self.binding.idle_timeout,
+                )
+            except _RelayRefused as exc:
+                self._released = True
+                raise self.binding.refused(exc) from None
+            self._server = server
+            self._cpu = None
+            return server
         if self._server is not None or self.session.baseline is not None:
             return super()._ensure()
         server = self._boot()
@@ -259,7 +316,14 @@ class NamedRunner(ServerRunner):
             self._note(f"session {self.binding.name!r}: its last checkpoint was restored into a new target")
         return server
 
+    def close(self) -> bytes:
+        if self._timer is not None:
+            self._timer.cancel()
+        return super().close()
+
     def detach(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         with self._lock:
             self._closed = True
             with self._idle:
@@ -376,7 +440,7 @@ class NamedBinding:
     def closing(self, env: BaseEnvironment) -> None:
         """``close()`` ends the session: attach first when nothing ran, so that its server is ended."""
         self.ending = True
-        if env._runner is None:
+        if env._runner is None or env._runner._server is None:
             try:
                 runner = env._server_runner()
                 with runner._lock:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,21 +100,35 @@ def test_concurrent_attaches_neither_tear_state_nor_lose_a_command(state_home):
     cli(state_home, "sessions", "rm", "c")
 
 
-def test_no_wait_is_a_clear_error_while_another_process_is_attached(state_home):
+def test_a_second_attach_waits_for_the_running_command_or_fails_with_no_wait(state_home, tmp_path):
     env = create_environment("local", session="busy")
     try:
         env.execute("export HELD=1")
+        started, gate = tmp_path / "started", tmp_path / "gate"
+        results = []
+        first = threading.Thread(target=lambda: results.append(env.execute(
+            f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done; HELD=2; echo done"
+        )))
+        first.start()
+        assert wait_until(started.exists, 10.0)
         r = cli(state_home, "run", "--session", "busy", "--no-wait", "echo $HELD")
         assert r.returncode == 125
         assert "session 'busy' is in use by another process" in r.stderr
         with pytest.raises(SessionBusyError, match="in use"):
             create_environment(session="busy", wait=False)
-        env.detach()
-        r = cli(state_home, "run", "--session", "busy", "--no-wait", "echo $HELD")
-        assert r.stdout == "1\n"
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "hermes_env_core.cli", "run", "--session", "busy", "echo $HELD"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "XDG_STATE_HOME": str(state_home)},
+        )
+        gate.touch()
+        out, err = waiting.communicate(timeout=60)
+        assert out == "2\n", err  # it ran after the first command ended, in the state that command left
+        first.join(30)
+        assert results[0].output == "done\n"
+        assert env.execute("echo $HELD").output == "2\n"  # the first environment is still attached
     finally:
         env.close()
-        create_environment(session="busy").close()
 
 
 def test_python_detach_leaves_it_running_and_close_ends_it(state_home):
@@ -129,6 +144,14 @@ def test_python_detach_leaves_it_running_and_close_ends_it(state_home):
     env.close()
     assert wait_until(lambda: not pid_alive(pid), 10.0)
     assert SessionStore().names() == []
+
+
+def test_a_command_that_ends_the_shell_leaves_its_state_to_the_next_call(state_home):
+    r = cli(state_home, "run", "--session", "ex", "cd /var; X=5; exit 3")
+    assert r.returncode == 3, r.stderr
+    r = cli(state_home, "run", "--session", "ex", "echo $X $PWD")
+    assert r.stdout == "5 /var\n", r.stderr
+    cli(state_home, "sessions", "rm", "ex")
 
 
 def test_unknown_session_names_the_ones_that_exist(state_home):
