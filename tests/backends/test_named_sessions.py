@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -11,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hermes_env_core import BackendRegistry, BackendSpec, create_environment
 from hermes_env_core.backends.local import LocalEnvironment
@@ -243,3 +246,51 @@ def test_ssh_two_processes_share_one_session(state_home, sshd_server, tmp_path):
         return cli(state_home, "run", *args, f"kill -0 {rec['server_pid']} 2>/dev/null || echo gone").stdout == "gone\n"
 
     assert wait_until(gone, 20.0, 0.5)
+
+
+def test_shell_attaches_the_same_session(state_home):
+    sh = subprocess.run(
+        [sys.executable, "-m", "hermes_env_core.cli", "shell", "--session", "sh"], input="cd /usr\nexport Z=9\n",
+        capture_output=True, text=True, env={**os.environ, "XDG_STATE_HOME": str(state_home)}, timeout=120,
+    )
+    assert sh.returncode == 0, sh.stderr
+    r = cli(state_home, "run", "--session", "sh", "echo $Z $PWD")
+    assert r.stdout == "9 /usr\n", r.stderr
+    cli(state_home, "sessions", "rm", "sh")
+
+
+def test_the_saved_checkpoint_reads_back_equal(state_home):
+    env = create_environment("local", session="ck")
+    env.execute("cd /etc; declare -A m=([k]='a b'); set -o noglob; alias ll='ls -l'; trap 'echo t' USR1; g() { :; }")
+    env.detach()
+    baseline, state, saved, size = SessionStore().get_state("ck")
+    assert state is not None and baseline is not None and saved and size
+    from hermes_env_core.environment.named_store import state_from_json, state_to_json
+    assert state_from_json(state_to_json(state)) == state
+    assert state.cwd == "/etc" and "noglob" in state.shellopts and "m" in state.variables
+    create_environment(session="ck").close()
+
+
+@given(st.text(min_size=1, max_size=70))
+@settings(max_examples=200, deadline=None)
+def test_session_names_are_checked_before_they_reach_a_path(name):
+    from hermes_env_core.environment.named_store import check_name
+    from hermes_env_core.errors import UsageError
+
+    ok = bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name))
+    if ok:
+        assert check_name(name) == name
+    else:
+        with pytest.raises(UsageError, match="invalid session name"):
+            check_name(name)
+
+
+@given(st.dictionaries(st.sampled_from(["host", "port", "password", "api_token", "env", "image", "secret_key"]),
+                       st.one_of(st.text(max_size=20), st.integers(), st.booleans())))
+@settings(max_examples=100, deadline=None)
+def test_a_record_keeps_no_option_that_looks_secret(options):
+    from hermes_env_core.environment.named_store import public_options
+
+    kept = public_options(options)
+    assert set(kept) == set(options) - {"password", "api_token", "env", "secret_key"}
+    assert all(kept[k] == options[k] for k in kept)
