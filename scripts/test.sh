@@ -41,7 +41,7 @@ fi
 PY=$VENV/bin/python
 "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # Core only (plus its own extras): the core's tests must pass with no plugin.
-for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes; do
+for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes hermes-env-inspect; do
     "$PY" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
 done
 "$PY" -m pip install -q -e ".[docker,ssh,test,mcp,lint]" || die "pip install of the core failed"
@@ -75,8 +75,9 @@ HERMES_ENV_CHANNEL=0 run_suite core-process \
     tests/backends/test_docker.py tests/backends/test_ssh.py tests/processes/test_bg_docker.py \
     tests/processes/test_bg_ssh.py -k "not Conformance"
 
-# Plugins, then the third-party examples that are distributions: each alone, with its [test] extra.
-for dir in plugins/*/ examples/*/; do
+# Plugins, the third-party examples, then the integrations (inspect_ai's sandbox): each a distribution
+# tested alone, with its [test] extra.
+for dir in plugins/*/ examples/*/ integrations/*/; do
     name=$(basename "$dir")
     [ -f "$dir/pyproject.toml" ] || { echo "test.sh: $dir has no pyproject.toml yet; not a distribution, skipped"; continue; }
     step "install $name"
