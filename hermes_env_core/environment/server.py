@@ -56,7 +56,7 @@ BOOT_ARGV: tuple[str, ...] = (
     'if [ -d "$__d" ] && [ -O "$__d" ] && [ ! -L "$__d" ] && cd -P -- "$__d"; then '
     '{ [ -L bash ] || command ln -s /dev/fd/3 bash; } 2>/dev/null; [ -L bash ] && __b=bash || __b=/dev/fd/3; '
     'if [ -n "$__l" ]; then bash -l -c : </dev/null >/dev/null 2>&1 || { printf "\\036login-failed %d\\n" $?; __l=; }; fi; '
-    'SHLVL=$((SHLVL - 1)) __hermes_start=$__s exec bash $__l "$__b" 3<&0 0</dev/null 2>&1; fi; '
+    '__hermes_start=$__s exec bash $__l "$__b" 3<&0 0</dev/null 2>&1; fi; '
     'printf "\\036private state directory %s is not usable\\n" "$__d"; exit 125',
 )
 
@@ -287,9 +287,12 @@ class SessionServer:
         nonce = secrets.token_hex(12)
         head = f"{self.private_dir}\n{'-l' if login else ''}\n".encode()
         init_text = (
-            "{ builtin exec 3<&-; builtin cd -- \"$__hermes_start\" 2>/dev/null; builtin export -n __hermes_start; "
+            "{ exec 3<&-; (builtin umask 077; : >|in); builtin cd -- \"$__hermes_start\" 2>/dev/null; builtin export -n __hermes_start; "
             "builtin unset -v __hermes_start OLDPWD; builtin shopt -s expand_aliases; "
-            f"builtin printf '\\036{nonce}:H%s %s\\n' \"$$\" \"$BASH_VERSION\"; }} 2>/dev/null\n"
+            "[[ -r /proc/$$/fd/255 ]] && command -v head >/dev/null && __hermes_h=head || __hermes_h=-; "
+            "IFS= read -r __hermes_st </proc/$$/stat; __hermes_st=${__hermes_st##*) }; "
+            f"builtin printf '\\036{nonce}:H%s %s %s %s\\n' \"$$\" \"$__hermes_h\" \"${{__hermes_st}}\" \"$BASH_VERSION\"; "
+            "builtin unset -v __hermes_h __hermes_st; } 2>/dev/null\n"
             + (f"{{ {init}\n}} >/dev/null 2>&1\n" if init.strip() else "")
             + "{ __hermes_r=0 __hermes_l=; } 2>/dev/null\n"
         )
@@ -311,8 +314,14 @@ class SessionServer:
         line, _, self._buf = self._buf.partition(b"\n")
         m = re.search(rb"\x1elogin-failed (\d+)", b"".join(noise))
         self.login_failed = int(m.group(1)) if m else None
-        pid, _, version = line.decode(errors="replace").partition(" ")
+        pid, _, rest = line.decode(errors="replace").partition(" ")
+        tool, _, rest = rest.partition(" ")
+        fields = rest.split(" ")
+        # /proc/PID/stat after the name: field 20 is the start time (ticks since boot), then the version.
+        self.start_ticks = int(fields[19]) if len(fields) > 20 and fields[19].isdigit() else 0
+        version = " ".join(fields[50:]) if len(fields) > 50 else (fields[-1] if fields else "")
         self.pid = int(pid) if pid.isdigit() else 0
+        self.has_head = tool == "head"
         self.bash_version = version
 
     # -- commands --------------------------------------------------------------
@@ -342,9 +351,18 @@ class SessionServer:
                 'if [[ -n $__hermes_xt ]]; then builtin eval "$__hermes_xt"; else builtin trap - EXIT; fi; fi; '
                 "builtin unset -v __hermes_xt"
             )
-        if stdin is not None:
+        data = b""
+        if stdin is not None and self.has_head and stdin:
+            # The bytes follow this line in the stream; head reads exactly that many (bash
+            # itself would read them one by one) into a private file the command reads.
+            inf = shlex.quote(self.private_dir + "/in")
+            # (bash refuses a redirection from its own script descriptor; the same pipe through /proc is fine)
+            pre.append(f"command head -c {len(stdin)} </proc/$$/fd/255 >|{inf}; exec 0<{inf}")
+            post.append(f"exec 0</dev/null; : >|{inf}")
+            data = stdin
+        elif stdin is not None:
             pre.append(stdin_statement(stdin))
-            post.append("builtin exec 0</dev/null")
+            post.append("exec 0</dev/null")
         cwdfail = ""
         if cwd is not None:
             q = quote_dir(cwd)
@@ -364,7 +382,7 @@ class SessionServer:
         # The first copy ends at a NUL (a command never holds one); after the report,
         # a comment line that a command skipped for its syntax error reads up to.
         self.dirty = True
-        self._send(_L1.encode() + body + b"\0" + l2 + c2 + l3 + f"#{nonce}\n".encode())
+        self._send(_L1.encode() + body + b"\0" + l2 + data + c2 + l3 + f"#{nonce}\n".encode())
         return nonce
 
     def wait_started(self, nonce: str, deadline: float) -> int:
@@ -511,16 +529,23 @@ __k_new() {
   if ((last > 0)); then (( $1 > last || 10#$2 > 10#$now - since + 2 )); else (( 10#$2 >= 10#$now - since )); fi
 }
 __k_main() {
-local pid=$1 sig=$2 since=$3 server=$4 last=${5:-0} rounds=1 p s f up now cg mycg sid=
+local pid=$1 sig=$2 since=$3 server=$4 last=${5:-0} pst=${6:-0} rounds=1 p s f up now cg mycg sid=
 local -A kids seen pp sids anc
 local -a todo all orph
 [[ $sig == KILL ]] && rounds=20
 IFS=' ' read -r up _ </proc/uptime
 now=${up%.*}${up#*.}
+# Only the server we started: the same process id with the same start time (a target
+# started again reuses ids).
+if ((pst)); then
+  s=; IFS= read -r s 2>/dev/null <"/proc/$pid/stat"; s=${s##*) }; set -- $s
+  [[ ${20} == "$pst" ]] || { printf 'killed 0
+'; return 0; }
+fi
 IFS= read -r -d '' cg <"/proc/$pid/cgroup" 2>/dev/null
 # A cgroup of the whole host says nothing about who started a process.
 [[ $cg == *$'\n0::/\n'* || $cg == $'0::/\n'* ]] && cg=
-((server)) && kill -STOP "$pid" 2>/dev/null
+((server == 1 || server == 2)) && kill -STOP "$pid" 2>/dev/null
 while ((rounds--)); do
   kids=() seen=() todo=() all=() pp=() sids=() anc=() orph=()
   for p in /proc/[0-9]*; do
@@ -556,11 +581,16 @@ while ((rounds--)); do
     seen[$p]=1
     if __k_new "$p" "${f#*:}"; then all+=("$p"); todo+=(${kids[$p]}); fi
   done
-  ((${#all[@]})) || break
+  # 3: the server is the command's shell and gets the signal too (a TERM trap of the session runs).
+  if ((server == 3)) && [[ ${sids[$pid]+x} ]]; then
+    [[ $sig == 0 ]] && all+=("$pid")
+  fi
+  ((${#all[@]})) || { ((server == 3)) && [[ $sig != 0 ]] && kill "-$sig" "$pid" 2>/dev/null; break; }
   [[ $sig == 0 ]] && break
   kill -STOP "${all[@]}" 2>/dev/null
   kill "-$sig" "${all[@]}" 2>/dev/null
   kill -CONT "${all[@]}" 2>/dev/null
+  ((server == 3)) && kill "-$sig" "$pid" 2>/dev/null
 done
 ((server == 2)) && kill -KILL "$pid" 2>/dev/null
 printf 'killed %d\n' "${#all[@]}"

@@ -52,7 +52,7 @@ class ServerRun:
 class _Control:
     """A second stream to a bash in the target that signals a command's tree."""
 
-    _PROGRAM = "while IFS=' ' read -r a b c d e; do __k_main \"$a\" \"$b\" \"$c\" \"$d\" \"$e\"; done\n"
+    _PROGRAM = "while IFS=' ' read -r a b c d e f; do __k_main \"$a\" \"$b\" \"$c\" \"$d\" \"$e\" \"$f\"; done\n"
 
     def __init__(self, opener: Callable[[Sequence[str]], ChannelStream]) -> None:
         from .server import KILL_PROGRAM
@@ -62,9 +62,10 @@ class _Control:
         self._stream.write(f"{len(program)}\n".encode() + program)
         self._buf = b""
 
-    def signal(self, pid: int, sig: str, since_ticks: int, *, server: int, last_pid: int = 0) -> int:
-        """Signal the tree (``server``: 1 stops the server first, 2 also kills it); how many were found."""
-        self._stream.write(f"{pid} {sig} {since_ticks} {server} {last_pid}\n".encode())
+    def signal(self, pid: int, sig: str, since_ticks: int, *, server: int, last_pid: int = 0, start_ticks: int = 0) -> int:
+        """Signal the tree (``server``: 1 stops the server first, 2 also kills it); how many were found.
+        ``start_ticks``: the server's start time; nothing is done to another process with its id."""
+        self._stream.write(f"{pid} {sig} {since_ticks} {server} {last_pid} {start_ticks}\n".encode())
         while b"\n" not in self._buf.partition(b"killed ")[2]:
             data = self._stream.read(4096)
             if not data:
@@ -160,6 +161,7 @@ class ServerRunner:
             self._server = None
             why = self._lost or "the session server ended"
         old_pid = server.pid if server is not None and handover is None and self._sweep else 0
+        old_start = server.start_ticks if server is not None else 0
         server = self._boot()
         self._server = server
         self._cpu = None
@@ -170,7 +172,9 @@ class ServerRunner:
                 if self._control is None:
                     self._control = _Control(self._opener)
                 since = int((time.monotonic() - self._cmd_started) * 100) + 5
-                if self._control.signal(old_pid, "KILL", since, server=2, last_pid=self._cmd_last_pid) or True:
+                if old_start and self._control.signal(
+                    old_pid, "KILL", since, server=2, last_pid=self._cmd_last_pid, start_ticks=old_start
+                ):
                     self._note("the processes the cut-off command had started were stopped")
             except Exception as exc:  # noqa: BLE001 - best effort
                 _log.debug("%s: sweeping the lost server failed: %r", self.label, exc)
@@ -186,11 +190,11 @@ class ServerRunner:
             if state.cwd and state.cwd != cwd:
                 self._restore(server, state)
                 got = self._refresh_cwd(server)
-                if got != state.cwd:
+                if got == cwd:
                     # The configured directory cannot be entered: the first command says so.
                     self._start_error = state.cwd
-                    self.session.set_state(SessionState(**{**state.__dict__, "cwd": got}))
-                    self.session.note_cwd(got)
+                self.session.set_state(SessionState(**{**state.__dict__, "cwd": got}))
+                self.session.note_cwd(got)
             self._checkpoint_of = 0
             return server
         # A replacement: the state the last command handed back, else the checkpoint.
@@ -275,6 +279,7 @@ class ServerRunner:
         closing: threading.Event,
         capture: OutputCapture,
         kill_grace_s: float,
+        retry: bool = True,
     ) -> ServerRun:
         if self._pending:
             # The last command may have changed the state and no idle moment came since:
@@ -326,6 +331,11 @@ class ServerRunner:
                 )
             except TimeoutError:
                 should_stop()
+            except ServerLost:
+                # Lost before the command started (a connection dropped while idle): it never ran.
+                self._lost = "the session server was gone"
+                self._commands -= 1
+                return self._run_locked(command, cwd, stdin, timeout, cancel, closing, capture, kill_grace_s, retry=False) if retry else self._raise_lost()
             if reason is None:
                 report = server.read_output(nonce, capture.feed, poll_s=_POLL_S, should_stop=should_stop)
         except ServerLost as exc:
@@ -376,6 +386,10 @@ class ServerRunner:
             self._lost = "the command ended the shell"
         return ServerRun(report, cpu=cpu, notes=tuple(notes), started=started)
 
+    def _raise_lost(self) -> ServerRun:
+        self._sweep = True
+        raise BackendError(f"{self.label}: the session server was lost as the command started; it did not run")
+
     def _stop(
         self, server: SessionServer, started: float, grace: float, sink: Callable[[bytes], None] | None = None
     ) -> None:
@@ -386,13 +400,15 @@ class ServerRunner:
         try:
             if self._control is None:
                 self._control = _Control(self._opener)
-            last = self._cmd_last_pid
-            left = self._control.signal(server.pid, "TERM", since(), server=1, last_pid=last)
+            kw = {"last_pid": self._cmd_last_pid, "start_ticks": server.start_ticks}
+            # SIGTERM to the tree and to the session's shell (a TERM trap of the session runs), then,
+            # after the grace or once nothing is left, SIGKILL to what is left and the server.
+            left = self._control.signal(server.pid, "TERM", since(), server=3, **kw)
             end = time.monotonic() + grace
             while left and time.monotonic() < end:
                 time.sleep(_POLL_S)
-                left = self._control.signal(server.pid, "0", since(), server=1, last_pid=last)
-            self._control.signal(server.pid, "KILL", since(), server=2, last_pid=last)
+                left = self._control.signal(server.pid, "0", since(), server=3, **kw)
+            self._control.signal(server.pid, "KILL", since(), server=2, **kw)
         except Exception as exc:  # noqa: BLE001 - a broken control stream: the server stream goes anyway
             _log.debug("%s: kill through the control stream failed: %r", self.label, exc)
             self._sweep = True  # try again once the target answers
