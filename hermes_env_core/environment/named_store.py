@@ -30,7 +30,7 @@ class UnknownSessionError(UsageError, LookupError):
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise UsageError(
             f"invalid session name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
