@@ -24,7 +24,7 @@ from .channel import ChannelStream
 from .named_store import SessionRecord, SessionStore, check_name, public_options
 from .server import BOOT_ARGV, ServerLost, SessionServer
 from .serverexec import ServerRunner
-from .session import SessionState, parse_state_dump
+from .session import SessionState, ShellSession, parse_state_dump
 
 if TYPE_CHECKING:
     from ..factory import EnvironmentFactory
@@ -260,6 +260,7 @@ class NamedRunner(ServerRunner):
                 except (ServerLost, TimeoutError, HermesEnvError) as exc:
                     _log.debug("%s: checkpoint before letting go failed: %r", self.label, exc)
             if server.alive:
+                self.binding.persist(self.session, server.pid)
                 self._server = None
                 self._released = True
                 server.detach()
@@ -403,18 +404,28 @@ class NamedBinding:
 
     def save(self, env: BaseEnvironment) -> None:
         runner = env._runner
-        if runner is None:
+        if not isinstance(runner, NamedRunner):
+            return
+        session = runner.session
+        if runner._server is not None and runner._server.alive:
+            try:
+                session = runner.current_session()
+            except HermesEnvError as exc:
+                _log.debug("session %s: checkpoint not refreshed: %s", self.name, exc)
+        self.persist(session, runner._server.pid if runner._server is not None else 0)
+
+    def persist(self, session: ShellSession, server_pid: int) -> None:
+        """Write the checkpoint and the record (after a command, and when detaching)."""
+        if self.ending:
             return
         try:
-            session = runner.current_session()
             self.store.put_state(self.name, session.baseline, session.state)
-        except HermesEnvError as exc:
-            _log.debug("session %s: checkpoint not saved: %s", self.name, exc)
-        server = runner._server
-        if server is not None:
-            self.record.server_pid = server.pid
-        self.record.last_used = time.time()
-        self.store.put(self.record)
+            if server_pid:
+                self.record.server_pid = server_pid
+            self.record.last_used = time.time()
+            self.store.put(self.record)
+        except OSError as exc:
+            _log.warning("session %s: its record could not be written: %s", self.name, exc)
 
     def detach(self, env: BaseEnvironment) -> None:
         if env.closed:

@@ -221,7 +221,7 @@ def test_docker_shared_state_and_a_removed_container_is_reported(state_home, doc
     assert r.stdout == "a b\n/usr\n"
     rm = cli(state_home, "sessions", "rm", "s1")
     assert rm.returncode == 0, rm.stderr
-    assert not [c for c in docker_client.containers.list(all=True) if c.name == name]
+    assert not [c for c in docker_client.api.containers(all=True, filters={"name": name}) if f"/{name}" in c["Names"]]
 
 
 # -- ssh -----------------------------------------------------------------------------------
