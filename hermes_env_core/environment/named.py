@@ -41,11 +41,11 @@ RELAY = r"""
 IFS=$'\t' read -r d mode wait idle || exit 1
 umask 077
 say() { printf '\036hermes-relay %s\n' "$*"; }
-stamp() { printf '%(%s)T\n' -1 >"$d/activity" 2>/dev/null; }
-held() { local h=; IFS= read -r h <"$d/lock/pid" 2>/dev/null; [[ -z $h ]] || kill -0 "$h" 2>/dev/null; }
+stamp() { printf '%(%s)T\n' -1 >"$d/.named-activity" 2>/dev/null; }
+held() { local h=; IFS= read -r h <"$d/.named-lock/pid" 2>/dev/null; [[ -z $h ]] || kill -0 "$h" 2>/dev/null; }
 alive() {
   local p= s=
-  [[ -f $d/pid ]] && IFS= read -r p <"$d/pid" && [[ -n $p ]] && kill -0 "$p" 2>/dev/null || return 1
+  [[ -f $d/.named-pid ]] && IFS= read -r p <"$d/.named-pid" && [[ -n $p ]] && kill -0 "$p" 2>/dev/null || return 1
   IFS= read -r s <"/proc/$p/stat" 2>/dev/null && s=${s##*) } && [[ ${s%% *} == Z ]] && return 1
   pid=$p
 }
@@ -55,8 +55,8 @@ watch() {
   while kill -0 "$pid" 2>/dev/null; do
     sleep "$step"
     ((idle > 0)) || continue
-    mkdir -- "$d/lock" 2>/dev/null || continue
-    last=0; IFS= read -r last <"$d/activity" 2>/dev/null
+    mkdir -- "$d/.named-lock" 2>/dev/null || continue
+    last=0; IFS= read -r last <"$d/.named-activity" 2>/dev/null
     printf -v t '%(%s)T' -1
     if ((t - ${last:-0} >= idle)); then
       printf 'builtin exit 0\n' >&4
@@ -64,7 +64,7 @@ watch() {
       kill -TERM "$pid" 2>/dev/null; sleep 0.5; kill -KILL "$pid" 2>/dev/null
       rm -rf -- "$d"; exit 0
     fi
-    rmdir -- "$d/lock" 2>/dev/null
+    rmdir -- "$d/.named-lock" 2>/dev/null
   done
 }
 if [[ ! -d $d ]]; then
@@ -72,26 +72,26 @@ if [[ ! -d $d ]]; then
   mkdir -m 700 -- "$d" 2>/dev/null || { say error "cannot make $d"; exit 0; }
 fi
 [[ -O $d && ! -L $d ]] || { say error "$d is not a directory of this user"; exit 0; }
-while ! mkdir -- "$d/lock" 2>/dev/null; do
+while ! mkdir -- "$d/.named-lock" 2>/dev/null; do
   if ! held; then
-    for f in reader writer; do r=; IFS= read -r r <"$d/lock/$f" 2>/dev/null && [[ -n $r ]] && kill "$r" 2>/dev/null; done
-    rm -rf -- "$d/lock"; continue
+    for f in reader writer; do r=; IFS= read -r r <"$d/.named-lock/$f" 2>/dev/null && [[ -n $r ]] && kill "$r" 2>/dev/null; done
+    rm -rf -- "$d/.named-lock"; continue
   fi
-  [[ $wait == 1 ]] || { h=; IFS= read -r h <"$d/lock/pid" 2>/dev/null; say busy "${h:-?}"; exit 0; }
+  [[ $wait == 1 ]] || { h=; IFS= read -r h <"$d/.named-lock/pid" 2>/dev/null; say busy "${h:-?}"; exit 0; }
   [[ -d $d ]] || { say lost "the session ended while this attach waited"; exit 0; }
   sleep 0.05
 done
-printf '%s\n' "$$" >"$d/lock/pid"
+printf '%s\n' "$$" >"$d/.named-lock/pid"
 pid=
 if ! alive; then
-  if [[ $mode == attach ]]; then rm -rf -- "$d/lock"; say lost "its session server ended"; exit 0; fi
-  rm -f -- "$d/in" "$d/out" "$d/pid"
-  mkfifo -m 600 -- "$d/in" "$d/out" || { rm -rf -- "$d/lock"; say error "mkfifo failed in $d"; exit 0; }
+  if [[ $mode == attach ]]; then rm -rf -- "$d/.named-lock"; say lost "its session server ended"; exit 0; fi
+  rm -f -- "$d/.named-in" "$d/.named-out" "$d/.named-pid"
+  mkfifo -m 600 -- "$d/.named-in" "$d/.named-out" || { rm -rf -- "$d/.named-lock"; say error "mkfifo failed in $d"; exit 0; }
   set -m
-  ( exec bash -c "$1" <>"$d/in" 1<>"$d/out" 2>&1 ) &
+  ( exec bash -c "$1" <>"$d/.named-in" 1<>"$d/.named-out" 2>&1 ) &
   pid=$!
-  printf '%s\n' "$pid" >"$d/pid"
-  ( exec 4<>"$d/in"; watch ) </dev/null >/dev/null 2>&1 &
+  printf '%s\n' "$pid" >"$d/.named-pid"
+  ( exec 4<>"$d/.named-in"; watch ) </dev/null >/dev/null 2>&1 &
   set +m
   stamp
   say new "$pid"
@@ -100,14 +100,14 @@ else
   say attached "$pid"
 fi
 exec 6<&0
-cat -- "$d/out" & r=$!
-{ cat <&6 >"$d/in"; kill "$r"; } 2>/dev/null & w=$!
+cat -- "$d/.named-out" & r=$!
+{ cat <&6 >"$d/.named-in"; kill "$r"; } 2>/dev/null & w=$!
 exec 6<&-
-printf '%s\n' "$r" >"$d/lock/reader"; printf '%s\n' "$w" >"$d/lock/writer"
+printf '%s\n' "$r" >"$d/.named-lock/reader"; printf '%s\n' "$w" >"$d/.named-lock/writer"
 wait "$r"
 kill "$w" 2>/dev/null
 stamp
-rm -rf -- "$d/lock"
+rm -rf -- "$d/.named-lock"
 """
 
 RELAY_ARGV: tuple[str, ...] = ("bash", "-c", RELAY, "hermes-relay", BOOT_ARGV[2])
@@ -177,21 +177,32 @@ class NamedServer(SessionServer):
             raise _RelayRefused(kind, detail)
         self.attached = True
         self.login_failed = None
+        self.has_head, self.start_ticks = False, 0
         nonce = secrets.token_hex(12)
-        self._send(f"{{ builtin printf '\\036{nonce}:H%s %s\\n' \"$$\" \"$BASH_VERSION\"; }} 2>/dev/null\n".encode())
+        # The same hello as a booting server says (SessionServer._boot), from the running one.
+        self._send((
+            "{ [[ -r /proc/$$/fd/255 ]] && command -v head >/dev/null && __hermes_h=head || __hermes_h=-; "
+            "IFS= read -r __hermes_st </proc/$$/stat; __hermes_st=${__hermes_st##*) }; "
+            f"builtin printf '\\036{nonce}:H%s %s %s %s\\n' \"$$\" \"$__hermes_h\" \"$__hermes_st\" \"$BASH_VERSION\"; "
+            "builtin unset -v __hermes_h __hermes_st; } 2>/dev/null\n"
+        ).encode())
         self._read_until(b"\x1e" + nonce.encode() + b":H", time.monotonic() + 60.0, None)
         while b"\n" not in self._buf:
             data = self._next(5.0)
             if data is not None:
                 self._buf += data
         line, _, self._buf = self._buf.partition(b"\n")
-        pid, _, version = line.decode(errors="replace").partition(" ")
+        pid, _, rest = line.decode(errors="replace").partition(" ")
+        tool, _, rest = rest.partition(" ")
+        fields = rest.split(" ")
+        self.start_ticks = int(fields[19]) if len(fields) > 20 and fields[19].isdigit() else 0
         self.pid = int(pid) if pid.isdigit() else 0
-        self.bash_version = version
+        self.has_head = tool == "head"
+        self.bash_version = " ".join(fields[50:]) if len(fields) > 50 else (fields[-1] if fields else "")
 
     def detach(self, timeout: float = 5.0) -> None:
         """Let go of the session, leaving the server running: the relay stops and frees the lock."""
-        lock = shlex.quote(self.private_dir + "/lock/reader")
+        lock = shlex.quote(self.private_dir + "/.named-lock/reader")
         try:
             self._send(
                 f"{{ IFS= builtin read -r __hermes_c <{lock} && builtin kill \"$__hermes_c\"; "
@@ -206,13 +217,20 @@ class NamedServer(SessionServer):
         finally:
             self.close()
 
+    def close(self) -> None:
+        super().close()
+        # Until the reader thread has seen its stream end, it may still read the stream's descriptor
+        # number, which the next stream opened (the relay of a new server) may be given.
+        if self._reader is not threading.current_thread():
+            self._reader.join(2.0)
+
     def quit(self, timeout: float = 10.0) -> bytes:
         # Ending the session for good: its private directory goes with it, and the relay is told
         # to stop (background jobs may hold the output FIFO open, so it would not see the end).
         d = shlex.quote(self.private_dir)
         try:
             self._send(
-                f"{{ IFS= builtin read -r __hermes_c <{d}/lock/reader; command rm -rf -- {d}; "
+                f"{{ IFS= builtin read -r __hermes_c <{d}/.named-lock/reader; command rm -rf -- {d}; "
                 f'builtin kill "$__hermes_c"; }} 2>/dev/null; builtin exit 0\n'.encode()
             )
         except ServerLost:

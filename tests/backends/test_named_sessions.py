@@ -144,6 +144,14 @@ def test_python_detach_leaves_it_running_and_close_ends_it(state_home):
     env = create_environment(session="py")
     pid = record(state_home, "py")["server_pid"]
     assert env.execute("echo $x").output == "41\n"
+    # An attached server takes stdin and is stopped on a timeout like one it booted.
+    assert env.execute("wc -c", stdin=b"abc\n").output == "4\n"
+    assert env.execute("sleep 30", timeout=0.5).timed_out
+    assert env.execute("echo $x").output == "41\n"
+    # the timeout ended that server; its successor is in the record once the environment lets go
+    assert wait_until(lambda: record(state_home, "py")["server_pid"] != pid, 10.0)
+    pid = record(state_home, "py")["server_pid"]
+    assert pid_alive(pid)
     env.close()
     assert wait_until(lambda: not pid_alive(pid), 10.0)
     assert SessionStore().names() == []
