@@ -305,7 +305,7 @@ class SessionServer:
             said = b"".join(noise).decode(errors="replace").strip()
             raise EnvironmentUnavailable(
                 f"{self.label}: bash in the target did not start the session server"
-                + (f": {said[-300:]}" if said else "; is bash installed there?")
+                + (f": {said[-300:]}" if said else " (the target needs bash on its PATH)")
             ) from None
         while b"\n" not in self._buf:
             data = self._next(max(deadline - time.monotonic(), 0.01))

@@ -179,6 +179,13 @@ class ServerRunner:
             except Exception as exc:  # noqa: BLE001 - best effort
                 _log.debug("%s: sweeping the lost server failed: %r", self.label, exc)
         self._sweep = False
+        if self._control is None:
+            # Opened now, while the target can start processes: a command that exhausts them
+            # (a fork bomb under a pids limit) must still be stoppable.
+            try:
+                self._control = _Control(self._opener)
+            except Exception as exc:  # noqa: BLE001 - opened again when needed
+                _log.debug("%s: no control stream yet: %r", self.label, exc)
         if first and server.login_failed is not None:
             self._note(f"login shell start-up failed (exit {server.login_failed}); running without ~/.profile")
         if first:
