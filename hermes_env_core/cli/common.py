@@ -91,7 +91,7 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--no-wait", dest="session_wait", action="store_false", default=True,
-        help="(--session) fail at once when another process is attached, instead of waiting for it",
+        help="(--session) fail at once while another process's command runs in the session, instead of waiting",
     )
     g.add_argument(
         "--restore", dest="session_restore", action="store_true",

@@ -20,11 +20,11 @@ def add_commands(sub: Any) -> None:
         "sessions",
         "list named sessions (--session NAME); 'sessions rm NAME' ends one",
         "List the named sessions this user made with --session NAME or create_environment(session=NAME): "
-        "backend, target, age, idle time (since last detached) and the size of the saved checkpoint.",
+        "backend, target, age, idle time (since last used) and the size of the saved checkpoint.",
     )
     p.set_defaults(func=cmd_sessions)
     rm_sub = p.add_subparsers(title="commands", metavar="COMMAND")
-    rm = rm_sub.add_parser("rm", help="end named sessions: their shell, background jobs and (docker) container")
+    rm = rm_sub.add_parser("rm", help="end named sessions: their shell (its EXIT trap runs) and, on docker, their container")
     rm.add_argument("names", nargs="+", metavar="NAME")
     rm.add_argument("--config-file", metavar="PATH", help="config file (default: $HERMES_ENV_CONFIG, ./hermes-env.toml)")
     rm.set_defaults(func=cmd_sessions_rm)
