@@ -57,6 +57,7 @@ from .errors import (
     UsageError,
 )
 from .factory import EnvironmentFactory, EnvironmentPool, create_environment
+from .environment.named import SessionBusyError, SessionLostError
 from .plugins import (
     BackendRegistry,
     BackendSpec,
@@ -106,6 +107,8 @@ __all__ = [
     "ProcessHandle",
     "ResolvedConfig",
     "RunRequest",
+    "SessionBusyError",
+    "SessionLostError",
     "StdinMode",
     "SyncConflictError",
     "SyncError",
