@@ -23,7 +23,7 @@ from ..errors import EnvironmentUnavailable, HermesEnvError, UnsupportedOperatio
 from .channel import ChannelStream
 from .named_store import SessionRecord, SessionStore, check_name, public_options
 from .server import BOOT_ARGV, ServerLost, SessionServer
-from .serverexec import ServerRunner
+from .serverexec import ServerRunner, _Control
 from .session import SessionState, ShellSession, parse_state_dump
 
 if TYPE_CHECKING:
@@ -311,6 +311,7 @@ class NamedRunner(ServerRunner):
                 raise self.binding.refused(exc) from None
             self._server = server
             self._cpu = None
+            self._open_control()
             return server
         if self._server is not None or self.session.baseline is not None:
             return super()._ensure()
@@ -324,6 +325,7 @@ class NamedRunner(ServerRunner):
             self.session.set_baseline(baseline or state)
             self.session.set_state(state)
             self._checkpoint_of = 0
+            self._open_control()
             return server
         self._preboot = server
         server = super()._ensure()
@@ -334,6 +336,14 @@ class NamedRunner(ServerRunner):
             self._restore(server, restore)
             self._note(f"session {self.binding.name!r}: its last checkpoint was restored into a new target")
         return server
+
+    def _open_control(self) -> None:
+        # As for a server booted here: opened while the target can start processes (see ServerRunner._ensure).
+        if self._control is None:
+            try:
+                self._control = _Control(self._opener)
+            except Exception as exc:  # noqa: BLE001 - opened again when needed
+                _log.debug("%s: no control stream yet: %r", self.label, exc)
 
     def close(self) -> bytes:
         if self._timer is not None:
