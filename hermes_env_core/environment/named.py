@@ -299,6 +299,7 @@ class NamedRunner(ServerRunner):
             raise self.binding.refused(exc) from None
 
     def _ensure(self) -> SessionServer:
+        server: SessionServer
         if self._server is None and self._released:
             self._released = False
             try:
@@ -315,11 +316,12 @@ class NamedRunner(ServerRunner):
             return server
         if self._server is not None or self.session.baseline is not None:
             return super()._ensure()
-        server = self._boot()
-        assert isinstance(server, NamedServer)
-        if server.attached:
+        found = self._boot()
+        assert isinstance(found, NamedServer)
+        if found.attached:
+            server = found
             self._server = server
-            dump, sep, cwd = server.checkpoint()
+            dump, sep, cwd = found.checkpoint()
             baseline = self.binding.baseline
             state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None, names_from=baseline)
             self.session.set_baseline(baseline or state)
@@ -327,7 +329,7 @@ class NamedRunner(ServerRunner):
             self._checkpoint_of = 0
             self._open_control()
             return server
-        self._preboot = server
+        self._preboot = found
         server = super()._ensure()
         restore = self.binding.restore_state
         if restore is not None:
