@@ -58,6 +58,7 @@ from .errors import (
 )
 from .environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot, SnapshotNotFoundError
 from .factory import EnvironmentFactory, EnvironmentPool, create_environment
+from .environment.named import SessionBusyError, SessionLostError
 from .plugins import (
     BackendRegistry,
     BackendSpec,
@@ -111,6 +112,8 @@ __all__ = [
     "RunRequest",
     "Snapshot",
     "SnapshotNotFoundError",
+    "SessionBusyError",
+    "SessionLostError",
     "StdinMode",
     "SyncConflictError",
     "SyncError",

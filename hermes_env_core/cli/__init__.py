@@ -27,7 +27,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from ..sync import cli as sync_cli
-from . import info, shell, snapshots, tty
+from . import info, sessions, shell, snapshots, tty
 from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info.add_commands(sub, env_opts)
     snapshots.add_commands(sub)
+    sessions.add_commands(sub)
     mcp_cli.add_parser(sub)
     return parser
 
