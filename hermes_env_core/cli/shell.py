@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -90,21 +94,90 @@ def cmd_shell(args: argparse.Namespace) -> int:
             result = env.execute(f"cd -- {shlex.quote(args.cwd)}")
             if result.exit_code != 0:
                 raise UsageError(f"shell: {result.output.strip() or 'cannot enter ' + args.cwd}")
-        with _line_editing(env, interactive) as state:
+        with _line_editing(env, interactive) as state, _prompt_interrupts(interactive) as nudge:
             state.tty_mode = getattr(args, "tty", None) or "auto"
+            state.nudge = nudge
             return _loop(env, interactive, state)
+
+
+class _Nudge:
+    """Python's readline runs a signal's handler only when its select() is interrupted, so a Ctrl-C that
+    lands between the prompt being drawn and that select() waits for the next key (one in eight, typed
+    right after the prompt). A thread sees each signal arrive (``signal.set_wakeup_fd``) and, while the
+    Ctrl-C is still pending at the prompt, interrupts the main thread again with SIGWINCH."""
+
+    _EVERY_S = 0.05
+    _TRIES = 40
+
+    def __init__(self) -> None:
+        self.at_prompt = False
+        self.pending = False
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._previous = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._main = threading.main_thread().ident
+        threading.Thread(target=self._watch, name="hermes-env-prompt-sigint", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._r, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGINT not in data:
+                continue
+            self.pending = True
+            for _ in range(self._TRIES):
+                time.sleep(self._EVERY_S)
+                if not self.pending:
+                    break
+                if self.at_prompt and self._main is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        signal.pthread_kill(self._main, signal.SIGWINCH)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._previous)
+        for fd in (self._w, self._r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def _prompt_interrupts(interactive: bool) -> Iterator[_Nudge | None]:
+    if not interactive or threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    # SIGWINCH must interrupt a system call: readline's handler does; keep any there is.
+    if signal.getsignal(signal.SIGWINCH) in (signal.SIG_DFL, signal.SIG_IGN):
+        signal.signal(signal.SIGWINCH, lambda signum, frame: None)
+    nudge = _Nudge()
+    try:
+        yield nudge
+    finally:
+        nudge.close()
 
 
 class _State:
     def __init__(self) -> None:
         self.last = 0
         self.tty_mode = "auto"
+        self.nudge: _Nudge | None = None
+
+    def prompt(self, on: bool) -> None:
+        """At the prompt (or leaving it): a Ctrl-C seen before this counts as dealt with."""
+        if self.nudge is not None:
+            self.nudge.pending = False
+            self.nudge.at_prompt = on
 
 
 def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
     while True:
         status = f" [{state.last}]" if state.last else ""
         prompt = f"({env.name}) {env.session.cwd or ''}{status}$ " if interactive else ""
+        state.prompt(True)
         try:
             command = _read_command(prompt, interactive)
         except EOFError:
@@ -114,37 +187,49 @@ def _loop(env: BaseEnvironment, interactive: bool, state: _State) -> int:
         except KeyboardInterrupt:
             print()  # Ctrl-C at the prompt discards the line, as in bash
             continue
+        finally:
+            state.prompt(False)
         if not command.strip():
             continue
         match = _EXIT_RE.match(command)
         if match:
             return int(match.group(1)) if match.group(1) else state.last
-        forced = _TTY_RE.match(command)
-        if forced:
-            rest = (forced.group(1) or "").strip()
-            if rest in tty.TTY_MODES or not rest:
-                state.tty_mode = rest or state.tty_mode
-                if interactive:
-                    print(f"tty: {state.tty_mode}")
-                else:
-                    print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
-                continue
-            command = rest
-        if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
-            tty.print_state_warning(command)
-            state.last = tty.run_tty(env, command, newline_after=True)
-            # The session's $? follows, as after any other line.
-            env.execute(f"( exit {state.last} )")
-            continue
-        result = execute(env, command, out=sys.stdout, newline_after=interactive)
-        print_notes(result)
-        state.last = result.exit_code
-        if interactive and result.exit_code != 0 and _READ_RE.search(command):
-            print(
-                f"{PROG}: `read` saw end of input: this line ran without a terminal; "
-                "run it on one with `:tty COMMAND`, or give it input in the command (read x <<< 'text')",
-                file=sys.stderr,
-            )
+        try:
+            _run_line(env, command, interactive, state)
+        except KeyboardInterrupt:
+            # Ctrl-C between reading the line and its command starting (or after it ended): the line is
+            # cancelled, the shell stays.
+            print()
+            state.last = 130
+
+
+def _run_line(env: BaseEnvironment, command: str, interactive: bool, state: _State) -> None:
+    forced = _TTY_RE.match(command)
+    if forced:
+        rest = (forced.group(1) or "").strip()
+        if rest in tty.TTY_MODES or not rest:
+            state.tty_mode = rest or state.tty_mode
+            if interactive:
+                print(f"tty: {state.tty_mode}")
+            else:
+                print(f"{PROG}: tty: {state.tty_mode} (no terminal here: lines run without one)", file=sys.stderr)
+            return
+        command = rest
+    if interactive and (forced or _on_terminal(env, command, state.tty_mode)):
+        tty.print_state_warning(command)
+        state.last = tty.run_tty(env, command, newline_after=True)
+        # The session's $? follows, as after any other line.
+        execute(env, f"( exit {state.last} )", out=io.StringIO())
+        return
+    result = execute(env, command, out=sys.stdout, newline_after=interactive)
+    print_notes(result)
+    state.last = result.exit_code
+    if interactive and result.exit_code != 0 and _READ_RE.search(command):
+        print(
+            f"{PROG}: `read` saw end of input: this line ran without a terminal; "
+            "run it on one with `:tty COMMAND`, or give it input in the command (read x <<< 'text')",
+            file=sys.stderr,
+        )
 
 
 def _on_terminal(env: BaseEnvironment, command: str, mode: str) -> bool:

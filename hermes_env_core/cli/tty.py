@@ -101,31 +101,38 @@ def _raw(fd: int | None) -> Iterator[None]:
                 termios.tcsetattr(fd, termios.TCSADRAIN, saved)  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
-def _signals(wake_w: int) -> Iterator[None]:
-    """SIGWINCH wakes the loop; SIGINT from outside becomes Ctrl-C on the terminal; SIGTERM and SIGHUP stop."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Signals:
+    """While a program is on the terminal: SIGWINCH wakes the loop, SIGINT from outside becomes Ctrl-C
+    on the terminal, SIGTERM and SIGHUP stop it (``_Stop``), and only get recorded once cleaning up began."""
 
-    def winch(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(OSError):
-            os.write(wake_w, b"w")
+    def __init__(self, wake_w: int) -> None:
+        self.wake_w = wake_w
+        self.received: int | None = None
+        self.cleaning = False
+        self._previous: dict[int, Any] = {}
 
-    def intr(signum: int, frame: FrameType | None) -> None:
-        with contextlib.suppress(OSError):
-            os.write(wake_w, b"c")
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            handlers: dict[int, Any] = {
+                signal.SIGWINCH: self._wake, signal.SIGINT: self._wake, signal.SIGTERM: self._stop,
+                signal.SIGHUP: self._stop,
+            }
+            self._previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+        return self
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise _Stop(signum)
-
-    handlers: dict[int, Any] = {signal.SIGWINCH: winch, signal.SIGINT: intr, signal.SIGTERM: stop, signal.SIGHUP: stop}
-    previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
-    try:
-        yield
-    finally:
-        for sig, h in previous.items():
+    def __exit__(self, *exc: object) -> None:
+        for sig, h in self._previous.items():
             signal.signal(sig, h)
+
+    def _wake(self, signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"w" if signum == signal.SIGWINCH else b"c")
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+        if not self.cleaning:
+            raise _Stop(signum)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -234,30 +241,32 @@ def run_tty(
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     registry = ProcessRegistry(poll=TTY_POLL, input_wait_s=None, keep_finished=4)
+    signals = _Signals(wake_w)
     proc: BackgroundProcess | None = None
     code: int | None = None
-    stopped: int | None = None
     try:
-        with _signals(wake_w):
+        with signals:
             try:
                 proc = registry.spawn(
                     env, _term_prefix() + command, pty=True, window=(rows, cols), notify_on_exit=False, cwd=cwd,
                     buffer_bytes=_BUFFER_BYTES,
                 )
                 code = _attach(proc, stdin_fd, stdout_fd, wake_r, wake_w, timeout, newline_after)
-            except _Stop as stop:
-                code = stopped = stop.signum
+            except _Stop:
+                pass
             finally:
+                signals.cleaning = True
                 if proc is not None and proc.running:
                     _end(proc)
+                registry.close()
     finally:
         registry.close()
         os.close(wake_r)
         os.close(wake_w)
-    if stopped is not None:
+    if signals.received is not None:
         # Cleaned up: now the signal does what it would have done here (the CLI's handler, or the default).
-        signal.raise_signal(stopped)
-        return 128 + stopped
+        signal.raise_signal(signals.received)
+        return 128 + signals.received
     if code is None:
         note = proc.note if proc is not None else None
         raise TerminalLostError(f"{env.name}: the program on the terminal was lost: {note or 'no exit status'}")
