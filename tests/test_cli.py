@@ -392,7 +392,7 @@ def test_doctor_reports_problems_and_what_to_install(doctor_registry):
 
 def test_doctor_for_one_healthy_backend_exits_0(doctor_registry):
     assert run_main("doctor", "local") == (
-        0, "local: ok\n  commands: one process per command (a resident channel is available: channel=true)\n", ""
+        0, "local: ok\n  commands: session server (one bash in the target holds the session)\n", ""
     )
 
 

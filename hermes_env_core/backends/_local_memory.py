@@ -112,6 +112,14 @@ class MemoryCgroup:
         except (OSError, ValueError):
             return None
 
+    def reset_peak(self) -> None:
+        """Start counting the peak afresh (the session server's cgroup, before each command)."""
+        try:
+            with open(self._peak_file, "w", encoding="ascii") as f:
+                f.write("0")
+        except OSError:
+            pass
+
     def oom_kills(self) -> int | None:
         """How many of its processes the OOM killer ended (v1 ``memory.oom_control``)."""
         try:

@@ -523,6 +523,36 @@ class DockerEnvironment(BaseEnvironment):
             except Exception:  # noqa: BLE001
                 pass
 
+    def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
+        # A command killed by SIGKILL: was it the container's memory limit?
+        if exit_code != 137:
+            return None
+        seen: set[str] = set()
+        for attempt in range(4):  # events may trail the exit by a few milliseconds
+            seen = self._events_since(started, ("oom",))
+            if seen:
+                break
+            time.sleep(0.05 * (attempt + 1))
+        if "oom" in seen:
+            limit = self.config.memory or "the host's memory"
+            self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
+        return Usage(oom_killed="oom" in seen)
+
+    def _control_first(self) -> bool:
+        return bool(getattr(self.config, "pids_limit", None))
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        seen: set[str] = set()
+        for attempt in range(4):
+            seen = self._events_since(started, ("oom",))
+            if seen:
+                break
+            time.sleep(0.05 * (attempt + 1))
+        if "oom" not in seen:
+            return None
+        limit = self.config.memory or "the host's memory"
+        return 137, f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit"
+
     def _after_exec(self, handle: ExecHandle, code: int) -> None:
         """Sweep up after a kill; on SIGKILL, tell a dead container from the memory limit."""
         if handle.killed:

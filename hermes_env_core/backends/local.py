@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -29,6 +29,7 @@ from pydantic import Field, field_validator
 from ..environment.base import BaseEnvironment
 from ..environment.channel import ChannelStream, PipeStream
 from ..environment.handles import ProcessHandle
+from ..environment.server import BOOT_ARGV as SERVER_ARGV
 from ..environment.options import EnvironmentConfig, channel_default
 from ..environment.result import Usage
 from ..environment.session import WrappedCommand
@@ -109,11 +110,15 @@ class LocalConfig(EnvironmentConfig):
         description="Run each command in a cgroup of its own when one can be made (cgroup v2), so that a "
         "timeout, cancel or close stops every process it started.",
     )
-    # Here a new process is as cheap as the channel's fork in the server, and
-    # it reports peak memory: the resident channel is opt-in.
+    login: bool = Field(
+        False,
+        description="Start the session as a login shell: the profile (/etc/profile, ~/.profile) then forms "
+        "PATH and the environment, replacing the caller's.",
+    )
     channel: bool = Field(
-        default_factory=lambda: channel_default(False),
-        description="Run commands through a resident bash child (default off on local; HERMES_ENV_CHANNEL=1 sets it).",
+        default_factory=lambda: channel_default(True),
+        description="Run commands in the session server, a resident bash child (HERMES_ENV_CHANNEL=0: one bash "
+        "per command, the state restored each time).",
     )
 
     @field_validator("env")
@@ -257,11 +262,18 @@ class LocalEnvironment(BaseEnvironment):
         env.update(cfg.env)
         self._env = env
         self._dir = tempfile.mkdtemp(prefix="hermes-env-", dir=_fast_tmp())  # 0700
+        self._server_groups: tuple[Any, ...] = ()
+        self._server_procs: list[subprocess.Popen[bytes]] = []
+        self._oom_before: int | None = None
         # An environment never closed still leaves nothing behind when it is collected or at exit.
-        self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+        self._dir_finalizer = weakref.finalize(self, _forget, self._dir, self._server_procs)
 
     def _state_dir(self) -> str:
         return self._dir
+
+    def _server_login(self) -> bool:
+        # By default the caller's environment, PATH and an activated virtualenv included, as it is.
+        return bool(self.config.login)  # type: ignore[attr-defined]
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
@@ -272,9 +284,18 @@ class LocalEnvironment(BaseEnvironment):
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # The resident bash: a child of this process in its own session, like every command.
+        args = [self._bash, *argv[1:]]
+        if tuple(argv) == SERVER_ARGV:
+            # The session server gets a cgroup of its own (where one can be made): a command's
+            # setsid descendants stay in it, and its memory is counted per command.
+            self._server_groups = tuple(
+                g for g in (_new_cgroup() if self.config.cgroup else None, MemoryCgroup.make()) if g is not None  # type: ignore[attr-defined]
+            )
+            join = "".join(f"builtin echo 0 >{shlex.quote(g.procs)} 2>/dev/null; " for g in self._server_groups)
+            args = [self._bash, "-c", join + argv[2]]
         try:
             proc = subprocess.Popen(
-                [self._bash, *argv[1:]],
+                args,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -287,12 +308,21 @@ class LocalEnvironment(BaseEnvironment):
         assert proc.stdin is not None and proc.stdout is not None
         _widen_pipe(proc.stdout.fileno())
 
+        server = tuple(argv) == SERVER_ARGV
+
         def stop() -> None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
+                if server:
+                    # The session's shell only: its background jobs outlive it, as a shell's do.
+                    os.kill(proc.pid, signal.SIGKILL)
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
+
+        if server:
+            self._server_procs.append(proc)
 
         return PipeStream(proc.stdin, proc.stdout, on_close=stop, exited=lambda: proc.poll() is not None)
 
@@ -305,8 +335,55 @@ class LocalEnvironment(BaseEnvironment):
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         return handle.tree_alive() if isinstance(handle, _CommandPopen) else None
 
+    def _command_begin(self) -> None:
+        for g in self._server_groups:
+            if isinstance(g, MemoryCgroup):
+                g.reset_peak()
+                self._oom_before = g.oom_kills()
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        # The session's shell is a child of ours: its own exit status says what ended it.
+        proc = self._server_procs[-1] if self._server_procs else None
+        if proc is None:
+            return None
+        try:
+            code = proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            return None
+        if code < 0:
+            return 128 - code, f"the session's shell was killed by signal {-code}"
+        return None
+
+    def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
+        for g in self._server_groups:
+            if isinstance(g, MemoryCgroup):
+                kills = g.oom_kills()
+                return Usage(
+                    max_rss_bytes=g.peak(),
+                    oom_killed=None if kills is None else kills > (self._oom_before or 0),
+                )
+        return None
+
     def cleanup(self) -> None:
         self._dir_finalizer()
+        groups, self._server_groups = self._server_groups, ()
+        for g in groups:
+            if isinstance(g, MemoryCgroup):
+                g.release()
+            else:
+                g.release(keep_alive=False)
+
+
+def _forget(directory: str, servers: list[subprocess.Popen[bytes]]) -> None:
+    """An environment never closed: its session servers go, and its private directory."""
+    for proc in servers:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+    shutil.rmtree(directory, True)
 
 
 def start_bash(

@@ -322,7 +322,8 @@ class SSHEnvironment(BaseEnvironment):
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         # One session channel on the transport, held open; the server's stderr is not wanted.
-        chan = self._open(self._exports + "exec " + shlex.join(argv) + " 2>/dev/null", combine=False)
+        # Configured variables reach a session server through its stream (``_preamble``), never a command line.
+        chan = self._open("exec " + shlex.join(argv) + " 2>/dev/null", combine=False)
         return _ChannelStream(chan)
 
     def _channel_orphaned(self, server_pid: int) -> None:

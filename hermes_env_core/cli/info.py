@@ -341,14 +341,14 @@ def _mode(cls: type[BaseEnvironment]) -> str | None:
     if opener is None or not isinstance(cls, type) or not issubclass(cls, _Base):
         return None
     if opener is _Base._open_channel:
-        return "one process per command (the backend offers no resident channel)"
+        return "one bash per command, the state restored each time (the backend offers no stream to a server)"
     if any("offers_channel" in vars(k) for k in cls.__mro__ if k is not _Base):  # decided by its target
-        return "resident shell channel where the target offers open_channel, else one process per command"
+        return "session server where the target offers open_channel, else one bash per command"
     field = cls.config_model.model_fields.get("channel")
     on = field.get_default(call_default_factory=True) if field is not None else True
     if on:
-        return "resident shell channel (one process per command if the target's bash cannot run it)"
-    return "one process per command (a resident channel is available: channel=true)"
+        return "session server (one bash in the target holds the session)"
+    return "one bash per command, the state restored each time (channel=true starts a session server)"
 
 
 def _check(cls: type[BaseEnvironment]) -> list[str]:

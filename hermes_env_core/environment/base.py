@@ -107,6 +107,7 @@ class BaseEnvironment(abc.ABC):
         self._process_registries: weakref.WeakSet[Any] = weakref.WeakSet()
         self._channels: ChannelPool | None = None
         self._channel_lock = threading.Lock()
+        self._runner: Any = None  # the session server's runner (serverexec.ServerRunner)
 
     # -- what a backend implements ------------------------------------------
     @abc.abstractmethod
@@ -183,6 +184,27 @@ class BaseEnvironment(abc.ABC):
         """
         return None
 
+    def _command_begin(self) -> None:
+        """Hook: a command is about to go to the session server (reset per-command counters)."""
+
+    def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
+        """Hook: what the target measured of the command that just ended (peak memory, OOM kills);
+        ``started`` is its wall-clock start. May add a note with ``_note``."""
+        return None
+
+    def _control_first(self) -> bool:
+        """Hook: open the second (kill) stream with the server, not when first needed (a target
+        whose process count is capped: a command may leave no room to start one later)."""
+        return False
+
+    def _explain_lost_since(self, started_monotonic: float) -> tuple[int, str] | None:
+        return self._explain_lost(time.time() - (time.monotonic() - started_monotonic))
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        """Hook: the session server died during a command that started at ``started`` (wall clock).
+        (exit code, why) when the target can tell (the OOM killer: 137), else None (an infrastructure error)."""
+        return None
+
     def _has_live_processes(self) -> bool:
         """True while background processes started in this environment run."""
         return any(r.has_live(self) for r in list(self._process_registries))
@@ -196,9 +218,124 @@ class BaseEnvironment(abc.ABC):
 
     @property
     def session(self) -> ShellSession:
+        if self._uses_server():
+            return self._server_runner().current_session()
         self._ensure_session()
         assert self._session is not None
         return self._session
+
+    # -- the session server ------------------------------------------------------
+    @property
+    def session_mode(self) -> str:
+        """``server`` (the session lives in a server in the target) or ``process`` (one bash per command)."""
+        return "server" if self._uses_server() else "process"
+
+    def _uses_server(self) -> bool:
+        """Commands go through a session server in the target (a stream to one is offered and not turned off)."""
+        return bool(self.config.channel) and self.offers_channel
+
+    def _server_login(self) -> bool:
+        """Whether the server starts as a login shell (its profile applies)."""
+        return True
+
+    def _server_runner(self) -> Any:
+        from .serverexec import ServerRunner, private_dir_in
+
+        runner = self._runner
+        if runner is None:
+            with self._init_lock:
+                if self._closed:
+                    raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+                if self._runner is None:
+                    parent = self._state_dir()
+                    self._runner = ServerRunner(
+                        label=self.name,
+                        opener=self._open_channel,
+                        private_dir=parent if self.state_dir_private else private_dir_in(parent),
+                        login=self._server_login(),
+                        init=self._preamble(),
+                        default_cwd=self.config.cwd,
+                        excluded_prefixes=self.config.session_exclude_prefixes,
+                        env_id=self.task_id,
+                        note=self._note,
+                        explain_lost=self._explain_lost_since,
+                        control_first=self._control_first(),
+                    )
+                runner = self._runner
+        return runner
+
+    def _execute_on_server(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        timeout: float | None,
+        stdin: str | bytes | None,
+        cancel: threading.Event | None,
+        on_output: Callable[[str], None] | None,
+    ) -> ExecResult:
+        runner = self._server_runner()
+        self._before_execute()
+        started = time.monotonic()
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        capture = OutputCapture(self.config.max_output_bytes, spill_dir=self.config.spill_dir, on_output=on_output)
+        eff_timeout = self.config.timeout if timeout is None else timeout
+        with self._running_cv:
+            if self._closed:
+                raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
+            self._running += 1
+        try:
+            self._command_begin()
+            wall = time.time()
+            run = runner.run(
+                command, cwd=cwd, stdin=data, timeout=eff_timeout, cancel=cancel, closing=self._closing,
+                capture=capture, kill_grace_s=self.config.kill_grace_s,
+            )
+            measured = self._command_usage(run.report.exit_code if run.report else None, wall)
+        finally:
+            with self._running_cv:
+                self._running -= 1
+                self._running_cv.notify_all()
+        notes = self._take_notes() + list(run.notes)
+        cap = capture.finish()
+        session = runner.session
+        if run.report is not None:
+            exit_code = run.report.exit_code
+        elif run.timed_out:
+            exit_code = EXIT_TIMEOUT
+            notes.append(f"command timed out after {eff_timeout:g}s")
+        else:
+            exit_code = EXIT_CANCELLED
+            if self._closing.is_set():
+                notes.append("command stopped: the environment was closed")
+        if data is None and exit_code != 0 and (sign := wanted_input(cap.text)) is not None:
+            notes.append(
+                f"the command wanted input ({sign!r}) but had none: it runs with stdin at end of input and no "
+                "terminal; pass stdin, or use the tool's non-interactive option (such as -y)"
+            )
+        usage = Usage(cpu_user_s=run.cpu[0], cpu_system_s=run.cpu[1]) if run.cpu else Usage()
+        if measured is not None:
+            usage = measured.merged(usage)
+        if run.notes_dir_recreated:
+            notes.append("the session's private state directory had been removed; it was recreated")
+        probe = _Run()
+        probe.timed_out, probe.interrupted = run.timed_out, run.interrupted
+        reason, sig = _end_reason(probe, exit_code, usage)
+        return ExecResult(
+            output=cap.text,
+            exit_code=exit_code,
+            timed_out=run.timed_out,
+            interrupted=run.interrupted,
+            truncated=cap.truncated,
+            cwd=run.report.cwd if run.report is not None and cwd is None else (session.cwd if cwd is None else cwd),
+            duration_s=time.monotonic() - (run.started or started),
+            output_path=cap.spill_path,
+            dropped_bytes=cap.dropped_bytes,
+            notes=tuple(notes),
+            usage=usage,
+            end_reason=reason,
+            signal=sig,
+        )
 
     @property
     def closed(self) -> bool:
@@ -240,6 +377,8 @@ class BaseEnvironment(abc.ABC):
         if self._closed:
             raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
         check_command(command)
+        if self._uses_server():
+            return self._execute_on_server(command, cwd=cwd, timeout=timeout, stdin=stdin, cancel=cancel, on_output=on_output)
         session = self.session
         self._before_execute()
         started = time.monotonic()  # the command's own time, not setup or sync
@@ -328,7 +467,7 @@ class BaseEnvironment(abc.ABC):
         ``kill_grace_s``) and ``close()`` returns once it is gone. The user's
         EXIT trap, if any, runs first (once, as a long-lived bash runs it at exit).
         """
-        if not self._closed:
+        if not self._closed and self._runner is None:
             self._run_exit_trap()
         with self._running_cv:
             if self._closed:
@@ -353,6 +492,10 @@ class BaseEnvironment(abc.ABC):
                     _log.exception("closing background processes of %r failed", self)
         finally:
             try:
+                if self._runner is not None:
+                    said = self._runner.close()
+                    if said.strip():
+                        _log.info("%s: the session said at close: %s", self.name, said[-2000:].decode(errors="replace"))
                 if self._channels is not None:
                     self._channels.close()
             finally:

@@ -109,6 +109,8 @@ class PipeStream:
             while self._exited is not None and not self._poller.poll(_EXIT_CHECK_MS):
                 if self._closed or self._exited():
                     return b""
+            if self._closed:  # its descriptor number may belong to a newer stream by now
+                return b""
             return os.read(self._rfd, n)
         except (OSError, ValueError):
             return b""

@@ -28,6 +28,7 @@ from .shellscript import (
     script_stub,
     exit_trap,
     one_line,
+    quote_dir,
     ret_function,
     save_function,
     stdin_statement,
@@ -422,6 +423,11 @@ class ShellSession:
             if self._default_cwd is None and state.cwd:
                 self._default_cwd = state.cwd
 
+    def note_cwd(self, cwd: str) -> None:
+        """The session's directory as its server reported it after a command."""
+        with self._lock:
+            self._cwd = cwd
+
     def reset_cwd(self) -> str | None:
         """After the session's directory vanished: back to the default, or,
         if that is the one that failed, to where the shell starts."""
@@ -621,10 +627,11 @@ class ShellSession:
             late_parts.append("builtin set " + " ".join(flags))
         return out, one_line(late_parts) if late_parts else ""
 
-    def restore_script(self, command: str, *, cwd: str | None = None) -> str:
+    def restore_script(self, command: str, *, cwd: str | None = None, cd_fatal: bool = True) -> str:
         """``command`` preceded by the session's state and directory, with no
         state capture: for processes started outside ``execute()``. A
-        directory that cannot be entered exits 126 naming it."""
+        directory that cannot be entered exits 126 naming it (``cd_fatal``;
+        else the shell stays where it is and ``command`` runs there)."""
         check_command(command)
         with self._lock:
             state, baseline, session_cwd = self._state, self._baseline, self._cwd
@@ -634,7 +641,7 @@ class ShellSession:
             parts, late = self._restore(state, baseline)
         target = _resolve_cwd(session_cwd, cwd)
         if target:
-            parts.append(cd_line(target, None))
+            parts.append(cd_line(target, None) if cd_fatal else f"builtin cd -- {quote_dir(target)} 2>/dev/null")
         if late:
             parts.append(late)
         return (one_line(parts) + "\n" if parts else "") + command + "\n"

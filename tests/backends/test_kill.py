@@ -241,13 +241,15 @@ def test_timeout_none_means_configured_default():
 def test_local_command_runs_in_its_own_cgroup_unless_turned_off():
     own, pool = local_tree.cgroup_pool()  # this machine can make them (root, cgroup v2)
     rel = pool[len(own):] if own != "/" else pool
-    with LocalEnvironment() as env, LocalEnvironment(cgroup=False) as plain:
+    with LocalEnvironment() as env, LocalEnvironment(cgroup=False) as plain, LocalEnvironment() as other:
         first = env.execute("cat /proc/self/cgroup").output
         second = env.execute("cat /proc/self/cgroup").output
+        third = other.execute("cat /proc/self/cgroup").output
         off = plain.execute("cat /proc/self/cgroup").output
     line = lambda text: next(x for x in text.splitlines() if x.startswith("0::"))  # noqa: E731
     assert rel.split("/")[-1] in line(first) and rel.split("/")[-1] in line(second)
-    assert line(first) != line(second)  # one per command
+    # One per session (its server and all it starts), not shared with another session.
+    assert line(first) == line(second) and line(first) != line(third)
     assert rel.split("/")[-1] not in line(off)
     # Finished commands leave no cgroup behind (other tests' may still be there).
     for text in (first, second):

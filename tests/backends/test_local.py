@@ -67,6 +67,9 @@ def test_state_files_are_private(env):
     files = [os.path.join(d, f) for f in os.listdir(d)]
     assert files
     for f in files:
+        if os.path.islink(f):  # the session server reads its script through ./bash
+            assert os.readlink(f) == "/dev/fd/3", f
+            continue
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
 
 
@@ -88,17 +91,35 @@ def test_login_profile_applies(tmp_path):
     tool = home / "mybin" / "hermes-tool"
     tool.write_text("#!/bin/sh\necho tool-ran\n")
     tool.chmod(0o755)
-    with LocalEnvironment(env={"HOME": str(home)}) as env:
+    with LocalEnvironment(env={"HOME": str(home)}, login=True) as env:
         r = env.execute("hermes-tool; echo $FROM_PROFILE")
         assert r.output == "tool-ran\nyes\n"
         assert not env._login_each
+    # Without login the profile does not apply.
+    with LocalEnvironment(env={"HOME": str(home)}) as env:
+        assert env.execute('echo "${FROM_PROFILE-none}"').output == "none\n"
+
+
+def test_caller_path_and_virtualenv_kept(tmp_path):
+    """The caller's PATH, an activated virtualenv first, reaches the session as it is (no login profile)."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    tool = venv_bin / "hermes-venv-tool"
+    tool.write_text("#!/bin/sh\necho from-venv\n")
+    tool.chmod(0o755)
+    path = f"{venv_bin}:{os.environ['PATH']}"
+    with LocalEnvironment(env={"PATH": path, "VIRTUAL_ENV": str(venv_bin.parent)}) as env:
+        r = env.execute('echo "$PATH"; command -v hermes-venv-tool; hermes-venv-tool; echo "$VIRTUAL_ENV"')
+        assert r.output == f"{path}\n{tool}\nfrom-venv\n{venv_bin.parent}\n"
+    with LocalEnvironment() as env:
+        assert env.execute('echo "$PATH"').output == os.environ["PATH"] + "\n"
 
 
 def test_profile_that_exits_is_skipped_with_a_note(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     (home / ".profile").write_text("export FROM_PROFILE=partial\nexit 3\n")
-    with LocalEnvironment(env={"HOME": str(home)}) as env:
+    with LocalEnvironment(env={"HOME": str(home)}, login=True) as env:
         r = env.execute('echo "ok ${FROM_PROFILE-none}"')
         assert r.exit_code == 0 and r.output == "ok none\n"
         assert any("login shell start-up failed (exit 3)" in n for n in r.notes)
@@ -121,7 +142,8 @@ def test_unreadable_login_state_falls_back_to_login_each_command(tmp_path, monke
         return real_accept(self, wrapped, frame, as_baseline=as_baseline)
 
     monkeypatch.setattr(session_mod.ShellSession, "accept", accept)
-    with LocalEnvironment(env={"HOME": str(home)}) as env:
+    # The process-per-command path (no session server) reads a login snapshot back.
+    with LocalEnvironment(env={"HOME": str(home)}, channel=False) as env:
         r = env.execute('echo "$FROM_PROFILE"; shopt -q login_shell && echo login')
         assert env._login_each
         assert r.output == "yes\nlogin\n"

@@ -183,7 +183,8 @@ def test_signal_sent_by_timeout_reaches_trapping_tree(tmp_path):
     # SIGTERM first: a command that cleans up on TERM gets to do it.
     log = tmp_path / "log"
     with LocalEnvironment(kill_grace_s=5) as env:
-        r = env.execute(f"trap 'echo cleaned >{log}; exit 0' TERM; sleep 60 & wait", timeout=0.5)
+        # The command's own processes get SIGTERM (the session's shell is frozen, then ended).
+        r = env.execute(f"bash -c \"trap 'echo cleaned >{log}; exit 0' TERM; sleep 60 & wait\"", timeout=0.5)
     assert r.timed_out
     assert log.read_text() == "cleaned\n"
     assert signal.SIGTERM  # the graceful signal is the one the trap saw

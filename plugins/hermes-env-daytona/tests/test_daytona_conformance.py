@@ -28,7 +28,7 @@ class TestDaytonaConformance(EnvironmentConformance):
         "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
         # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
         # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
-        "test_messages_numbered_as_bash_c": "messages name /dev/fd/3, not bash",
+        "test_messages_read_as_bash": "messages name /dev/fd/3, not bash",
         "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
     }
 
@@ -49,7 +49,7 @@ class TestDaytonaConformanceBashImage(EnvironmentConformance):
         "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
         # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
         # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
-        "test_messages_numbered_as_bash_c": "messages name /dev/fd/3, not bash",
+        "test_messages_read_as_bash": "messages name /dev/fd/3, not bash",
         "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
     }
 

@@ -343,10 +343,12 @@ class SingularityEnvironment(BaseEnvironment):
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
         pool = self._channels
-        if pool is not None and pool.opened and not self._instance_running():
-            # A channel was lost with the instance: start a new one first (with its note).
+        opened = (pool is not None and pool.opened) or self.__dict__.get("_streams_opened", False)
+        if opened and not self._instance_running():
+            # A stream was lost with the instance: start a new one first (with its note).
             self._mark_gone()
             self._before_execute()
+        self.__dict__["_streams_opened"] = True
         try:
             proc = subprocess.Popen(
                 [*self._exec_prefix, *argv],

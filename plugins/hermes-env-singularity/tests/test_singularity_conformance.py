@@ -9,7 +9,13 @@ from hermes_env_core.testing import EnvironmentConformance
 
 
 class TestSingularityConformance(EnvironmentConformance):
-    """Through the resident shell channel (the default)."""
+    """Through the session server (the default)."""
+
+    known_gaps = {
+        # A double-forked setsid daemon is re-parented to the exec's starter, outside the server's
+        # ancestry, session and (shared) cgroup: the server's kill cannot tell it from other execs.
+        "test_timeout_kills_a_setsid_descendant": "an orphan in a new session under apptainer's starter is not found",
+    }
 
     @pytest.fixture
     def environment(self, sif):
