@@ -230,6 +230,7 @@ class SessionServer:
         try:
             self._stream.write(data)
         except (OSError, ValueError, BackendError, EOFError) as exc:
+            self._dead.set()
             raise ServerLost(f"{self.label}: the session server's stream broke ({exc})") from exc
 
     def _next(self, timeout: float | None) -> bytes | None:
@@ -529,7 +530,7 @@ __k_new() {
   if ((last > 0)); then (( $1 > last || 10#$2 > 10#$now - since + 2 )); else (( 10#$2 >= 10#$now - since )); fi
 }
 __k_main() {
-local pid=$1 sig=$2 since=$3 server=$4 last=${5:-0} pst=${6:-0} rounds=1 p s f up now cg mycg sid=
+local pid=$1 sig=$2 since=$3 server=$4 last=${5:-0} pst=${6:-0} rounds=1 total=0 p s f up now cg mycg sid=
 local -A kids seen pp sids anc
 local -a todo all orph
 [[ $sig == KILL ]] && rounds=20
@@ -589,6 +590,7 @@ while ((rounds--)); do
     [[ $sig == 0 ]] && all+=("$pid")
   fi
   ((${#all[@]})) || { ((server == 3)) && [[ $sig != 0 ]] && kill "-$sig" "$pid" 2>/dev/null; break; }
+  total=$((total + ${#all[@]}))
   [[ $sig == 0 ]] && break
   kill -STOP "${all[@]}" 2>/dev/null
   kill "-$sig" "${all[@]}" 2>/dev/null
@@ -596,7 +598,7 @@ while ((rounds--)); do
   ((server == 3)) && kill "-$sig" "$pid" 2>/dev/null
 done
 ((server == 2)) && kill -KILL "$pid" 2>/dev/null
-printf 'killed %d\n' "${#all[@]}"
+printf 'killed %d\n' "$total"
 }
 """
 

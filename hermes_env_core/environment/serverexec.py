@@ -327,7 +327,14 @@ class ServerRunner:
             except (ServerLost, TimeoutError, StateParseError) as exc:
                 _log.debug("%s: checkpoint before the command failed: %r", self.label, exc)
         for attempt in (0, 1):
-            server = self._ensure()
+            try:
+                server = self._ensure()
+            except ServerLost as exc:
+                # The new server's stream broke at once (a connection dropped twice): once more.
+                self._lost = str(exc)
+                if attempt:
+                    raise
+                continue
             if self._start_error is not None:
                 bad, self._start_error = self._start_error, None
                 capture.feed(f"hermes-env: cannot enter working directory: {bad}\n".encode("utf-8", "surrogateescape"))
