@@ -223,14 +223,14 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
     tag = f"{'fork' if temporary else name}-{os.urandom(4).hex()}"
     labels = {"hermes-env.snapshot": name, "hermes-env.kind": "fork" if temporary else "snapshot"}
     try:
-        first = api.commit(cid, repository=_IMAGE_REPO, tag=tag + "-base")["Id"]
+        first = api.commit(cid, repository=_IMAGE_REPO, tag=tag + "-base", pause=False)["Id"]
         ws = cfg.workspace_path
         stream, _ = api.get_archive(cid, ws)
         data = b"".join(stream)
         holder = api.create_container(first, ["true"], labels=labels, network_disabled=True)["Id"]
         try:
             api.put_archive(holder, posixpath.dirname(ws) or "/", data)
-            image = api.commit(holder, repository=_IMAGE_REPO, tag=tag)["Id"]
+            image = api.commit(holder, repository=_IMAGE_REPO, tag=tag, pause=False)["Id"]
         finally:
             api.remove_container(holder, force=True)
             api.remove_image(f"{_IMAGE_REPO}:{tag}-base")  # an untag: the image above keeps its layers
