@@ -56,7 +56,9 @@ from .errors import (
     UnsupportedOperation,
     UsageError,
 )
+from .environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot, SnapshotNotFoundError
 from .factory import EnvironmentFactory, EnvironmentPool, create_environment
+from .environment.named import SessionBusyError, SessionLostError
 from .plugins import (
     BackendRegistry,
     BackendSpec,
@@ -88,6 +90,7 @@ __all__ = [
     "ConfigFile",
     "ConfigValue",
     "ConfigWarning",
+    "CorruptSnapshotError",
     "DuplicateBackendError",
     "EnvironmentClosedError",
     "EnvironmentConfig",
@@ -96,6 +99,7 @@ __all__ = [
     "EnvironmentUnavailable",
     "EndReason",
     "ExecResult",
+    "FilesRef",
     "Usage",
     "HermesEnvError",
     "IgnoredSetting",
@@ -106,6 +110,10 @@ __all__ = [
     "ProcessHandle",
     "ResolvedConfig",
     "RunRequest",
+    "Snapshot",
+    "SnapshotNotFoundError",
+    "SessionBusyError",
+    "SessionLostError",
     "StdinMode",
     "SyncConflictError",
     "SyncError",

@@ -74,6 +74,24 @@ class EnvironmentFactory:
     ) -> BaseEnvironment:
         """Create an environment of backend ``name`` (or ``backend=``) with ``options``; see ``create_environment``."""
         name = _backend_argument(name, options)
+        if options.get("snapshot") is not None:
+            # A new session from a snapshot: its files, then its state (environment.snapshot_files).
+            from .environment.snapshot_files import environment_from_snapshot
+
+            snapshot, restore_to = options.pop("snapshot"), options.pop("restore_to", None)
+            return environment_from_snapshot(self, name, snapshot, options, restore_to=restore_to)
+        options.pop("snapshot", None)
+        if options.get("session") is not None:
+            from .environment.named import open_session
+
+            session = options.pop("session")
+            extra = {k: options.pop(k) for k in ("wait", "restore", "session_idle_timeout") if k in options}
+            return open_session(
+                self, session, name, options, option_strings=dict(option_strings or {}),
+                wait=extra.get("wait", True), restore=extra.get("restore", False),
+                idle_timeout=extra.get("session_idle_timeout"),
+            )
+        options.pop("session", None)
         resolved = self.resolve(name, option_strings=option_strings, **options)
         return self.create_resolved(resolved)
 
@@ -109,6 +127,16 @@ def create_environment(backend: str | None = None, /, **options: Any) -> BaseEnv
     these arguments > ``TERMINAL_<FIELD>`` variables > the config file > the
     backend's defaults; they are validated by the backend's config model, and
     an unknown key is a ``ConfigError`` naming it.
+    ``snapshot=`` (a ``Snapshot`` or a stored snapshot's name) starts the session from it (files,
+    then state); ``restore_to=`` is where a local or ssh snapshot's files go (default a fresh
+    directory, removed at close).
+
+    ``session="NAME"`` attaches to the named session NAME, or creates it: its
+    shell outlives this object (``env.detach()``) until ``close()`` ends it.
+    With it: ``wait=False`` raises ``SessionBusyError`` instead of waiting while
+    another process is attached; ``restore=True`` restores the last checkpoint
+    of a lost session into a new target; ``session_idle_timeout`` (seconds)
+    ends the session once nobody attached for that long.
     """
     return EnvironmentFactory().create(backend, **options)
 
@@ -368,5 +396,10 @@ def _close_everything_at_exit() -> None:
     for pool in pools:
         pool.close_all()
     for env in envs:
-        if not env.closed:
+        if not env.closed and env._named is not None:
+            try:
+                env.detach()  # a named session outlives the process that attached it
+            except Exception:  # noqa: BLE001 - at exit, nothing to raise to
+                log.debug("detaching %r at exit failed", env, exc_info=True)
+        elif not env.closed:
             _close_quietly(env, env.task_id)

@@ -98,6 +98,7 @@ class DockerEnvironment(BaseEnvironment):
     """Runs commands in one long-lived Docker container."""
 
     name: ClassVar[str] = "docker"
+    named_sessions = True  # a session server that outlives this process (environment.named)
     stdin_mode: ClassVar[Literal["pipe"]] = "pipe"
     records_pid: ClassVar[bool] = False  # the tree is found by a marker in the exec's environment
     config_model: ClassVar[type[EnvironmentConfig]] = DockerConfig

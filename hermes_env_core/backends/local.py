@@ -248,6 +248,7 @@ class LocalEnvironment(BaseEnvironment):
     stdin_mode = "pipe"
     shares_host_filesystem = True
     state_dir_private = True  # mkdtemp: 0700, random name
+    named_sessions = True  # a session server that outlives this process (environment.named)
     config_model = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None, **options: object) -> None:

@@ -107,6 +107,7 @@ class SSHEnvironment(BaseEnvironment):
     # leaving a previous command's pid there).
     records_pid = False
     state_dir_private = True  # made 0700 with a random name by the probe
+    named_sessions = True  # a session server that outlives this process (environment.named)
     config_model = SSHConfig
     channel_startup_noise = True  # bash under sshd sources ~/.bashrc, which may print
 

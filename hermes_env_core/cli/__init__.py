@@ -27,7 +27,7 @@ from ..errors import HermesEnvError, UsageError
 from ..plugins.manager import CORE_DISTRIBUTION, PluginLoadWarning
 from ..processes import cli as background_cli
 from ..sync import cli as sync_cli
-from . import info, shell, tty
+from . import info, sessions, shell, snapshots, tty
 from .signals import SignalExit, SignalGuard
 from .common import (
     command_options,
@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=shell.cmd_shell)
 
     info.add_commands(sub, env_opts)
+    snapshots.add_commands(sub)
+    sessions.add_commands(sub)
     mcp_cli.add_parser(sub)
     return parser
 

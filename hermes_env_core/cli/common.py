@@ -77,7 +77,30 @@ def environment_options() -> argparse.ArgumentParser:
     env_opts.add_argument(
         "--config-file", metavar="PATH", help="config file (default: $HERMES_ENV_CONFIG, ./hermes-env.toml)"
     )
+    add_session_options(env_opts)
     return env_opts
+
+
+def add_session_options(parser: argparse.ArgumentParser) -> None:
+    """``--session NAME`` and its companions (see ``hermes-env sessions``)."""
+    g = parser.add_argument_group("named sessions")
+    g.add_argument(
+        "--session", metavar="NAME",
+        help="attach to the named session NAME (created on first use): its shell state, background jobs and files "
+        "carry over between invocations until 'hermes-env sessions rm NAME'",
+    )
+    g.add_argument(
+        "--no-wait", dest="session_wait", action="store_false", default=True,
+        help="(--session) fail at once while another process's command runs in the session, instead of waiting",
+    )
+    g.add_argument(
+        "--restore", dest="session_restore", action="store_true",
+        help="(--session) if the session's target was lost, restore its last checkpoint into a new one",
+    )
+    g.add_argument(
+        "--session-idle-timeout", metavar="SECONDS", type=_positive_float,
+        help="(--session) end the session after this long with nobody attached (default: never)",
+    )
 
 
 def execute(
@@ -148,6 +171,10 @@ def environment(
     if getattr(args, "timeout", None) is not None:
         options["timeout"] = args.timeout
     strings = dict(args.option)
+    if getattr(args, "session", None) is not None:
+        with _named_environment(args, factory, strings, options, background=background) as env:
+            yield env
+        return
     resolved = factory.resolve(args.env, option_strings=strings, **options)
     if no_default_timeout and resolved.values["timeout"].source == "default":
         options["timeout"] = None
@@ -176,6 +203,31 @@ def environment(
         raise
     with guard.deferred() if guard is not None else contextlib.nullcontext():
         env.close()
+
+
+@contextlib.contextmanager
+def _named_environment(
+    args: argparse.Namespace,
+    factory: EnvironmentFactory,
+    strings: dict[str, str],
+    options: dict[str, Any],
+    *,
+    background: bool,
+) -> Iterator[BaseEnvironment]:
+    """The named session ``--session`` names, attached (or created), and detached on the way out."""
+    if background:
+        raise UsageError("--session and --background cannot be used together (a named session already outlives this call)")
+    guard = current_guard()
+    with guard.deferred() if guard is not None else contextlib.nullcontext():
+        env = factory.create(
+            args.env, option_strings=strings, session=args.session, wait=args.session_wait,
+            restore=args.session_restore, session_idle_timeout=args.session_idle_timeout, **options,
+        )
+    try:
+        yield env
+    finally:
+        with guard.deferred() if guard is not None else contextlib.nullcontext():
+            env.detach()
 
 
 class SyncProgressBar:

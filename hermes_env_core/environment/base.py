@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable
+from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, UsageError
 from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
 from .handles import ProcessHandle
 from .options import EnvironmentConfig
@@ -84,6 +84,9 @@ class BaseEnvironment(abc.ABC):
     #: the target's bash may print before a command's script runs (an rc file
     #: sourced under sshd); the channel then drops what comes first
     channel_startup_noise: ClassVar[bool] = False
+    #: the backend can keep a named session whose server outlives this process (``environment.named``)
+    named_sessions: ClassVar[bool] = False
+    _named: Any = None  # the named session this environment is attached to (named.NamedBinding)
 
     def __init__(self, config: EnvironmentConfig | None = None, **options: Any) -> None:
         if config is None:
@@ -246,7 +249,9 @@ class BaseEnvironment(abc.ABC):
             with self._init_lock:
                 if self._closed:
                     raise EnvironmentClosedError(f"{self.name} environment {self.task_id!r} is closed")
-                if self._runner is None:
+                if self._runner is None and self._named is not None:
+                    self._runner = self._named.make_runner(self)
+                elif self._runner is None:
                     parent = self._state_dir()
                     self._runner = ServerRunner(
                         label=self.name,
@@ -460,13 +465,35 @@ class BaseEnvironment(abc.ABC):
             signal=sig,
         )
 
+    def snapshot(
+        self, name: str | None = None, *, paths: Sequence[str] | None = None, files: bool = True,
+        max_bytes: int | None = None,
+    ) -> Any:
+        """Capture the session state and the target's files as a stored ``Snapshot``
+        (see ``environment.snapshot``); ``create_environment(backend, snapshot=...)`` starts from it.
+        ``paths``: the directories to archive (local, ssh; default the working directory);
+        ``files=False``: the state alone, on any backend."""
+        from .snapshot_files import DEFAULT_MAX_BYTES, take_snapshot
+
+        return take_snapshot(self, name, paths=paths, files=files, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+
+    def fork(self, n: int, *, paths: Sequence[str] | None = None) -> list[Any]:
+        """``n`` independent environments, each with its own target, starting from this session's
+        state and files (docker: n containers from one commit)."""
+        from .snapshot_files import fork_environment
+
+        return fork_environment(self, n, paths=paths)
+
     def close(self) -> None:
         """Release the environment; later ``execute()`` calls raise.
 
         A command still running is stopped (SIGTERM, then SIGKILL after
         ``kill_grace_s``) and ``close()`` returns once it is gone. The user's
         EXIT trap, if any, runs first (once, as a long-lived bash runs it at exit).
+        A named session ends here (its server, and its target); ``detach()`` leaves it running.
         """
+        if not self._closed and self._named is not None:
+            self._named.closing(self)
         if not self._closed and self._runner is None:
             self._run_exit_trap()
         with self._running_cv:
@@ -500,6 +527,12 @@ class BaseEnvironment(abc.ABC):
                     self._channels.close()
             finally:
                 self.cleanup()
+
+    def detach(self) -> None:
+        """Leave this named session running in its target and release this object; attach again by its name."""
+        if self._named is None:
+            raise UsageError(f"{self.name}: detach() is for named sessions (create_environment(..., session=NAME))")
+        self._named.detach(self)
 
     def __enter__(self) -> BaseEnvironment:
         return self

@@ -155,6 +155,9 @@ class ServerRunner:
         self._idle = threading.Condition()
         self._last_end = 0.0
         self._idle_thread: threading.Thread | None = None
+        #: Set before the first command to start the session from another state (a snapshot's):
+        #: given the fresh shell's state, returns the one restored into the first server.
+        self.start_from: Callable[[SessionState], SessionState] | None = None
 
     def _opener(self, argv: Sequence[str]) -> ChannelStream:
         opener = self._opener_ref()
@@ -218,11 +221,14 @@ class ServerRunner:
             state = parse_state_dump(dump, sep, self.session.excluded_prefixes, cwd or None)
             self.session.set_baseline(state)
             state = self.session.interactive_defaults(state)
+            given = self.start_from
+            if given is not None:
+                state = given(self.session.baseline or state)
             self.session.set_state(state)
-            if state.cwd and state.cwd != cwd:
+            if given is not None or (state.cwd and state.cwd != cwd):
                 self._restore(server, state)
                 got = self._refresh_cwd(server)
-                if got == cwd:
+                if got == cwd and state.cwd != cwd:
                     # The configured directory cannot be entered: the first command says so.
                     self._start_error = state.cwd
                 self.session.set_state(SessionState(**{**state.__dict__, "cwd": got}))

@@ -50,6 +50,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"(--http) close a session and its environment after this long without a connection "
              f"(default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
+    p.add_argument(
+        "--session", metavar="NAME",
+        help="(stdio) serve the named session NAME (created on first use), left running when the client goes",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -62,6 +66,9 @@ def main(args: argparse.Namespace) -> int:
         print(
             "hermes-env mcp: error: the MCP SDK is not installed: pip install 'hermes-env-core[mcp]'", file=sys.stderr
         )
+        return 2
+    if getattr(args, "session", None) and args.http:
+        print("hermes-env mcp: error: --session goes with stdio (one client attached at a time)", file=sys.stderr)
         return 2
     if args.token_file and not args.http:
         print("hermes-env mcp: error: --token-file goes with --http", file=sys.stderr)

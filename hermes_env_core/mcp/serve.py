@@ -42,6 +42,8 @@ def serve(args: argparse.Namespace) -> int:
     options = dict(args.option)
 
     def opener_factory() -> Callable[[], Any]:
+        if getattr(args, "session", None):
+            return lambda: factory.create(args.env, option_strings=options, session=args.session)
         return lambda: factory.create(args.env, option_strings=options)
 
     try:

@@ -94,7 +94,9 @@ class McpShell:
             if reg is not None:
                 reg.close()
         finally:
-            if env is not None:
+            if env is not None and getattr(env, "_named", None) is not None:
+                env.detach()  # a named session stays for the next client
+            elif env is not None:
                 env.close()
 
     def _notified(self, note: Notification) -> None:
