@@ -145,6 +145,9 @@ class ServerRunner:
         self._cpu: tuple[float, float] | None = None
         self._closed = False
         self._pending = False  # a checkpoint is due before the next command
+        self._names_of: SessionState | None = None  # the state _names was worked out from
+        self._names: frozenset[str] = frozenset()
+        self._funcs_exit = False
         self._sweep = False  # the lost server may have left a command running
         self._cmd_started: float | None = None
         self._cmd_last_pid = 0
@@ -256,6 +259,22 @@ class ServerRunner:
         self._lost = None
         return server
 
+    def _predict(self, command: str) -> tuple[bool, bool]:
+        """(may the command end the shell, may it change the state), from its words and the
+        session's function and alias names, worked out once per checkpoint."""
+        state = self.session.state
+        if state is not self._names_of:
+            self._names_of = state
+            funcs = frozenset(state.function_names) if state is not None else frozenset()
+            aliases = frozenset(re.findall(r"^alias ([^=\s]+)=", state.aliases, re.M)) if state is not None else frozenset()
+            self._names = funcs | aliases
+            self._funcs_exit = state is not None and bool(state.functions) and may_exit(state.functions, None)
+        words = set(re.findall(r"[\w.:+-]+", command))
+        calls_ours = bool(words & self._names)
+        exits = "e" in self._flags or may_exit(command, None) or (self._funcs_exit and calls_ours)
+        changes = state is None or calls_ours or _CHANGES_RE.search(command) is not None
+        return exits, changes
+
     def _refresh_cwd(self, server: SessionServer) -> str:
         nonce = server.send_command(":", cwd=None, stdin=None)
         deadline = time.monotonic() + 60.0
@@ -342,8 +361,7 @@ class ServerRunner:
                     ServerReport(exit_code=126, cwd=self.session.cwd or "", cpu_times=None),
                     notes=(f"working directory {bad} is gone; session directory reset to {self.session.cwd}",),
                 )
-            exits = may_exit(command, self.session.state) or "e" in self._flags
-            changes = changes_state(command, self.session.state)
+            exits, changes = self._predict(command)
             try:
                 server.inline_checkpoint = None
                 nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits, checkpoint=changes)
