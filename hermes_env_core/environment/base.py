@@ -233,9 +233,13 @@ class BaseEnvironment(abc.ABC):
         """``server`` (the session lives in a server in the target) or ``process`` (one bash per command)."""
         return "server" if self._uses_server() else "process"
 
+    #: run the session server over ``open_channel`` (False: the resident channel of API 1.x, one
+    #: bash per command restoring the state; for a backend not yet moved onto the server)
+    session_server: ClassVar[bool] = True
+
     def _uses_server(self) -> bool:
         """Commands go through a session server in the target (a stream to one is offered and not turned off)."""
-        return bool(self.config.channel) and self.offers_channel
+        return self.session_server and bool(self.config.channel) and self.offers_channel
 
     def _server_login(self) -> bool:
         """Whether the server starts as a login shell (its profile applies)."""

@@ -263,8 +263,22 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
         return callable(getattr(self.target, "open_channel", None))
 
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
-        stream: ChannelStream = self.target.open_channel(argv)  # type: ignore[attr-defined]
-        return stream
+        target = self.target
+        generation = self._generation
+        try:
+            stream: ChannelStream = target.open_channel(argv)  # type: ignore[attr-defined]
+            return stream
+        except (EnvironmentUnavailable, TargetLostError) as exc:
+            # The target may be gone (a deleted pod): bring it back once, as a command's start would.
+            why = str(exc) or "the target was lost"
+            with self._target_lock:
+                if generation == self._generation:
+                    if not target.recover(why):
+                        raise
+                    self._generation += 1
+                    self._note(f"{self.name}: {why}; the target was recreated and the session state restored")
+            stream = target.open_channel(argv)  # type: ignore[attr-defined]
+            return stream
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)

@@ -478,6 +478,9 @@ class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
     """Runs commands in a pod (or an agent-sandbox claim) made for this environment."""
 
     name = "kubernetes"
+    # Still on the resident channel of API 1.x: its pod recovery goes through start(); moving it
+    # onto the session server (recovery when open_channel finds the pod gone) is the next step.
+    session_server = False
     config_model = KubernetesConfig
 
     def __init__(self, config: KubernetesConfig | None = None, **options: Any) -> None:
