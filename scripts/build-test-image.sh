@@ -183,7 +183,10 @@ hash=$(
     } | sha256sum | cut -c1-32
 )
 
-existing=$(docker images --filter "label=$LABEL_KEY=$hash" --format '{{.ID}}' | head -n1)
+# Only an image of this repository (or untagged): a commit of a test container (a snapshot)
+# carries the same label and must never become the test image.
+existing=$(docker images --filter "label=$LABEL_KEY=$hash" --format '{{.ID}} {{.Repository}}' \
+    | awk -v r="${TAG%%:*}" '$2 == r || $2 == "<none>" {print $1; exit}')
 if [[ -n "$existing" ]]; then
     docker tag "$existing" "$TAG"
     action="up to date (content hash $hash), not rebuilt"
