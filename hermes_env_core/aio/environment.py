@@ -83,7 +83,8 @@ class AsyncEnvironment:
     """An environment for asyncio code: ``execute``, ``stream``, ``close`` and ``async with``.
 
     ``sync`` is the wrapped ``BaseEnvironment``; both may be used at once
-    (execution is thread-safe), and commands from many tasks run concurrently.
+    (execution is thread-safe). Commands from many tasks on one environment take
+    turns, as in one shell; many environments run concurrently.
     """
 
     def __init__(self, env: BaseEnvironment) -> None:

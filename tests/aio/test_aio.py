@@ -132,18 +132,37 @@ def test_cancelling_a_stream_consumer_stops_the_command() -> None:
     run(main())
 
 
-def test_commands_from_many_tasks_run_at_once(tmp_path: Path) -> None:
+def test_sessions_driven_from_many_tasks_run_at_once(tmp_path: Path) -> None:
     n = 6
 
     async def main() -> None:
-        async with await create_environment("local") as env:
+        envs = list(await asyncio.gather(*(create_environment("local") for _ in range(n))))
+        try:
             # each command waits until all n have started: only concurrent execution ends
             cmd = "touch {d}/$X; until [ $(ls {d} | wc -l) -ge {n} ]; do sleep 0.02; done; echo $X"
             results = await asyncio.gather(
-                *(env.execute(f"X={i}; " + cmd.format(d=tmp_path, n=n), timeout=30) for i in range(n))
+                *(env.execute(f"X={i}; " + cmd.format(d=tmp_path, n=n), timeout=30) for i, env in enumerate(envs))
             )
-            assert sorted(r.output for r in results) == sorted(f"{i}\n" for i in range(n))
+            assert [r.output for r in results] == [f"{i}\n" for i in range(n)]
             assert all(not r.timed_out for r in results)
+        finally:
+            await asyncio.gather(*(env.close() for env in envs))
+
+    run(main())
+
+
+def test_many_tasks_on_one_session_take_turns_as_in_one_shell(tmp_path: Path) -> None:
+    n = 8
+
+    async def main() -> None:
+        async with await create_environment("local") as env:
+            await env.execute("N=0")
+            # one shell runs one command at a time: every increment sees the one before it, none is lost
+            step = f"N=$((N+1)); echo $N >> {tmp_path}/seen; echo $N"
+            results = await asyncio.gather(*(env.execute(step, timeout=30) for _ in range(n)))
+            assert sorted(int(r.output) for r in results) == list(range(1, n + 1))
+            assert (await env.execute("echo $N")).output == f"{n}\n"
+            assert sorted(int(x) for x in (tmp_path / "seen").read_text().split()) == list(range(1, n + 1))
 
     run(main())
 
