@@ -112,6 +112,10 @@ class ExecStream:
                 stdin.write_eof()
                 await stdin.drain.aio()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Stop reading and close the exec's stdin (a server reading it exits); never blocks."""
         if self._closed:

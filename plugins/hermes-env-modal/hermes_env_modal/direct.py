@@ -13,6 +13,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,9 @@ class DirectModalEnvironment(ModalEnvironment):
         self._restored_from: str | None = None
         self._state = "/tmp"
         self._server: tuple[Any, ExecStream | None] = (None, None)  # the latest server's sandbox and stream
+        self._streams: weakref.WeakSet[ExecStream] = weakref.WeakSet()  # the session's long-lived execs
+        self._last_used = time.monotonic()
+        self._let_go = False
         self._loop = EventLoopThread(f"hermes-env-modal-{self.task_id}")
         self._loop.start()
         try:
@@ -91,6 +95,11 @@ class DirectModalEnvironment(ModalEnvironment):
             self._loop.run(self._connect(token_id, token_secret), timeout=cfg.start_timeout)
             mappings = cfg.sync_mappings()
             self._check_image(needs_tar=bool(mappings))
+            if cfg.idle_timeout:
+                threading.Thread(
+                    target=_let_go_when_idle, args=(weakref.ref(self), cfg.idle_timeout / 2), daemon=True,
+                    name=f"hermes-env-modal-idle-{self.task_id}",
+                ).start()
             if mappings:
                 from hermes_env_core.sync import SyncEngine
 
@@ -216,7 +225,34 @@ class DirectModalEnvironment(ModalEnvironment):
 
     # -- the session server's streams ------------------------------------------------
     def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
-        return self._open_stream(list(argv))
+        self._last_used = time.monotonic()
+        if self._let_go and tuple(argv) == SERVER_ARGV:
+            self._let_go = False
+            self._note(
+                f"modal: the session's execs were let go after {self._cfg.idle_timeout / 2:g}s without a command, "
+                "so that Modal could end the idle sandbox (idle_timeout); its shell state was kept"
+            )
+        stream = self._open_stream(list(argv))
+        self._streams.add(stream)
+        return stream
+
+    def _command_begin(self) -> None:
+        self._last_used = time.monotonic()
+
+    def _command_usage(self, exit_code: int | None, started: float) -> None:
+        self._last_used = time.monotonic()
+
+    def _let_go_if_idle(self, idle_s: float) -> None:
+        # A running exec keeps a sandbox busy: idle_timeout could never end it.
+        if time.monotonic() - self._last_used < idle_s or self._has_live_processes():
+            return
+        with self._running_cv:
+            streams = [s for s in self._streams if not s.closed]
+            if self._running or not streams:
+                return
+            self._let_go = True
+            for stream in streams:
+                stream.close()
 
     def _open_stream(self, argv: list[str]) -> ExecStream:
         """Start ``argv`` as an exec (recreating an ended sandbox once); stdin and stdout its stream."""
@@ -407,3 +443,9 @@ class DirectModalEnvironment(ModalEnvironment):
                     log.debug("modal: closing the client failed: %r", exc)
         finally:
             self._loop.stop()
+
+
+def _let_go_when_idle(ref: weakref.ReferenceType[DirectModalEnvironment], idle_s: float) -> None:
+    while (env := ref()) is not None and not env._closing.wait(min(idle_s / 2, 1.0)):
+        env._let_go_if_idle(idle_s)
+        del env
