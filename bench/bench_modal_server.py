@@ -8,11 +8,12 @@ interleaved in rounds of 10 so that drift hits all alike. Two profiles:
 
 - ``realistic``: the emulator's ``REALISTIC`` knobs (20 ms per RPC, the exit
   status 100 ms late, every output byte 250 ms late);
-- ``round-trip``: 20 ms per RPC and the exit status 100 ms late, output on time.
+- ``round-trip``: 20 ms per RPC and the exit status 100 ms late, output on time;
+- ``none``: no latency added (the plumbing alone, on this machine).
 
 Target: execute / raw exec('true') <= 1.0x.
 
-Usage: python bench/bench_modal_server.py [-n 100] [--only realistic,round-trip]
+Usage: python bench/bench_modal_server.py [-n 100] [--only realistic,round-trip,none]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ TESTS = Path(__file__).resolve().parents[1] / "plugins" / "hermes-env-modal" / "
 PROFILES = {
     "realistic": None,  # the emulator's REALISTIC
     "round-trip": {"rpc_latency": 0.02, "exit_status_delay": 0.1, "output_delay": 0.0},
+    "none": {"rpc_latency": 0.0, "exit_status_delay": 0.0, "output_delay": 0.0},
 }
 
 
