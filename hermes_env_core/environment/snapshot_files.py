@@ -223,17 +223,21 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
     tag = f"{'fork' if temporary else name}-{os.urandom(4).hex()}"
     labels = {"hermes-env.snapshot": name, "hermes-env.kind": "fork" if temporary else "snapshot"}
     try:
-        first = api.commit(cid, repository=_IMAGE_REPO, tag=tag + "-base", pause=False)["Id"]
+        # An untagged first commit: a run that dies half-way leaves only a dangling image, never a tag.
+        first = api.commit(cid, pause=False)["Id"]
         ws = cfg.workspace_path
         stream, _ = api.get_archive(cid, ws)
         data = b"".join(stream)
+        # The holder's labels override what the container's image carried (a restored snapshot's name).
         holder = api.create_container(first, ["true"], labels=labels, network_disabled=True)["Id"]
+        image = None
         try:
             api.put_archive(holder, posixpath.dirname(ws) or "/", data)
             image = api.commit(holder, repository=_IMAGE_REPO, tag=tag, pause=False)["Id"]
         finally:
             api.remove_container(holder, force=True)
-            api.remove_image(f"{_IMAGE_REPO}:{tag}-base")  # an untag: the image above keeps its layers
+            if image is None:
+                _forget_image(api, first)
     except Exception as exc:
         if isinstance(exc, HermesEnvError):
             raise
@@ -243,6 +247,13 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
     except Exception:  # noqa: BLE001 - only the listing shows it
         size = 0
     return FilesRef("image", ref=f"{_IMAGE_REPO}:{tag}", digest=image, size=size)
+
+
+def _forget_image(api: Any, image_id: str) -> None:
+    try:
+        api.remove_image(image_id)
+    except Exception:  # noqa: BLE001 - a dangling layer at worst; the error that got here is the one to report
+        pass
 
 
 def remove_image(snap: Snapshot) -> None:
