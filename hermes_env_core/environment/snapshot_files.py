@@ -442,7 +442,10 @@ def _start_from(env: BaseEnvironment, snap: Snapshot, state: SessionState, cwd: 
     passthrough = tuple(getattr(cfg, "env_passthrough", ()))
     blocked = tuple(getattr(cfg, "env_blocklist", ()))
     def start(baseline: SessionState) -> SessionState:
-        return restored_state(state, baseline, cwd=cwd, passthrough=passthrough, blocked=blocked)
+        return restored_state(
+            state, baseline, cwd=cwd, passthrough=passthrough, blocked=blocked,
+            relocate=(lambda p: _map(p, dirs)) if dirs else None,
+        )
 
     if env.session_mode == "server":
         env._server_runner().start_from = start  # noqa: SLF001 - the core's own hook
