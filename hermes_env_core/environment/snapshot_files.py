@@ -40,7 +40,7 @@ from .snapshot import (
     state_to_json,
     store,
 )
-from .target import run_to_end
+from .handles import run_to_end
 
 if TYPE_CHECKING:
     from ..factory import EnvironmentFactory
