@@ -124,6 +124,13 @@ def test_a_new_server_keeps_the_status_oldpwd_and_directory_stack(tmp_path) -> N
         assert _new_server_noted(r.notes)
         assert _server_pid(env) != pid
         assert r.output == f"7|{tmp_path}/b|{tmp_path}/a {tmp_path}/b|{tmp_path}/a|1\n"
+        # under errexit, a failed last command's status is kept and does not end the new server
+        env.execute("set -e")
+        pid = _server_pid(env)
+        assert env.execute("! true").exit_code == 1  # a status errexit does not act on
+        os.kill(pid, signal.SIGKILL)
+        r = env.execute('echo "$?"; [[ -o errexit ]] && echo errexit')
+        assert r.output == "1\nerrexit\n" and _new_server_noted(r.notes)
 
 
 def test_stream_closed_mid_command() -> None:
