@@ -230,8 +230,7 @@ class ServerRunner:
                 state = given(self.session.baseline or state)
             self.session.set_state(state)
             if given is not None or (state.cwd and state.cwd != cwd):
-                self._restore(server, state)
-                got = self._refresh_cwd(server)
+                got = self._restore(server, state)
                 if got == cwd and state.cwd != cwd:
                     # The configured directory cannot be entered: the first command says so.
                     self._start_error = state.cwd
@@ -289,18 +288,17 @@ class ServerRunner:
             raise EnvironmentUnavailable(f"{self.label}: {what} timed out")
         return report
 
-    def _refresh_cwd(self, server: SessionServer) -> str:
-        return self._run_own(server, ":", "the new session server's first answer").cwd
-
-    def _restore(self, server: SessionServer, state: SessionState) -> None:
+    def _restore(self, server: SessionServer, state: SessionState) -> str:
+        """Put ``state`` into a new server; the directory it is in then."""
         last = state.last_arg if state.last_arg is not None else "''"
         script = self.session.restore_script(
             # `&& :`: a nonzero status under errexit must not end the new server
             f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last} && :",
             cd_fatal=False,
         )
-        self._run_own(server, script, "restoring the session state in a new server")
+        report = self._run_own(server, script, "restoring the session state in a new server")
         server.dirty = False
+        return report.cwd
 
     # -- commands ------------------------------------------------------------------
     def run(

@@ -310,11 +310,11 @@ def test_oldpwd_and_the_directory_stack_move_with_the_files(tmp_path, one, two):
     with create_environment("local", cwd=str(work)) as env:
         q1, q2 = ansi_c_quote(f"{work}/{one}"), ansi_c_quote(f"{work}/{two}")
         # in `one`, came from `two`, with /usr (outside the snapshot) and `two` on the stack
-        r = env.execute(f"cd {q2} && pushd /usr >/dev/null && pushd {q1} >/dev/null && cd {q2} && cd {q1}")
-        assert r.exit_code == 0, r.output
+        r = env.execute(f"cd {q2} && pushd /usr >/dev/null && pushd {q1} >/dev/null && cd {q2} && cd {q1}; (exit 9)")
+        assert r.exit_code == 9, r.output
         env.snapshot(name, paths=[str(work)])
     with create_environment("local", snapshot=name) as new:
-        out = new.execute('printf "%s\\0" "$PWD" "$OLDPWD" "${DIRSTACK[@]}"').output.split("\0")[:-1]
+        out = new.execute('printf "%s\\0" "$?" "$PWD" "$OLDPWD" "${DIRSTACK[@]}"').output.split("\0")[:-1]
         [fresh] = _restored_dirs(Path(tempfile.gettempdir()))
     # the first entry of DIRSTACK is $PWD itself
-    assert out == [f"{fresh}/{one}", f"{fresh}/{two}", f"{fresh}/{one}", "/usr", f"{fresh}/{two}"]
+    assert out == ["9", f"{fresh}/{one}", f"{fresh}/{two}", f"{fresh}/{one}", "/usr", f"{fresh}/{two}"]
