@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 from hermes_env_core.config import memory_bytes
 from hermes_env_core.environment.session import KILL_TREE_FN
@@ -74,7 +74,9 @@ class _Stream:
     each waits for readiness outside the lock and does its frame I/O inside it."""
 
     def __init__(self, ws: Any, keepalive: float, pod: str) -> None:
-        self.ws, self.code, self.error, self._buf, self._keepalive, self.pod = ws, None, None, b"", keepalive, pod
+        self.ws, self._buf, self._keepalive, self.pod = ws, b"", keepalive, pod
+        self.code: int | None = None  # the exit status, once the status channel said it
+        self.error: str | None = None
         self.ended: float | None = None  # when the status came (wall clock)
         self.stderr = b""
         self._lock = threading.Lock()
@@ -135,7 +137,9 @@ class _Proc:
 
     def __init__(self, stream: _Stream, feed: bytes, killer: Any) -> None:
         r, self._w = os.pipe()
-        self.stdout, self.returncode, self.killed = os.fdopen(r, "rb", buffering=0), None, False
+        self.stdout: IO[bytes] | None = os.fdopen(r, "rb", buffering=0)
+        self.returncode: int | None = None
+        self.killed = False
         self._stream, self._killer, self._done = stream, killer, threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._feed, args=(feed,), daemon=True).start()
@@ -278,7 +282,7 @@ class PodTarget:
             "warmPoolRef": {"name": cfg.sandbox_warm_pool}}
         claim = {"apiVersion": f"{EXT[0]}/{'v1alpha1' if cfg.sandbox_template else 'v1beta1'}", "kind": "SandboxClaim",
                  "metadata": {"name": name, "labels": {**MANAGED, **_owner()}}, "spec": ref}
-        version = claim["apiVersion"].split("/")[1]
+        version = str(claim["apiVersion"]).split("/")[1]
         try:
             self._custom.create_namespaced_custom_object(EXT[0], version, self.namespace, "sandboxclaims", claim)
             self.claim_name = name
@@ -426,6 +430,8 @@ class PodTarget:
 
     def recover(self, why: str) -> bool:
         with self._lock:
+            if self.pod_name is None or not self._lost(self.pod_name):
+                return False  # not lost (a refused exec, a pod that cannot start): trying again would not help
             self._release()  # the next exec starts a new pod
         self._on_recreate()
         return True
@@ -475,7 +481,7 @@ class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
             self._sync.push(force=True)
 
     # -- files ---------------------------------------------------------------------------------
-    def _sync_run(self, script: str, stdin: bytes | None) -> bytes:
+    def _sync_run(self, script: str, stdin: Any) -> bytes:
         proc = self.pod.start(RunRequest(script=script, stdin=stdin), stderr=2)  # stdout is a tar stream
         code, out = run_to_end(proc, timeout=3600.0)
         if code != 0:
