@@ -395,7 +395,7 @@ class PodTarget:
             return None
         return last.code or 0, f"the session's shell in pod {last.pod} ended (exit {last.code})"
 
-    def _open(self, argv: Sequence[str]) -> _Stream:
+    def _open(self, argv: Sequence[str], retry: bool = True) -> _Stream:
         pod = self._pod()
         try:
             with self._exec_lock:
@@ -405,6 +405,8 @@ class PodTarget:
         except self._k8s.client.ApiException as exc:
             if self._lost(pod):  # the core calls recover(), then opens the stream once more
                 raise TargetLostError(f"pod {pod} was gone; files written in it are lost") from exc
+            if exc.status == 0 and retry:  # the connection failed before any answer (a TLS handshake): once more
+                return self._open(argv, retry=False)
             raise self._error(exc, f"exec in pod {pod}") from exc
         return _Stream(ws, self.config.keepalive_s, pod)
 
