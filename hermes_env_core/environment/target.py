@@ -128,6 +128,13 @@ class Target(Protocol):
     # every command through it (see ``environment.channel``); raise
     # ``EnvironmentUnavailable`` when the target cannot be reached (that
     # command then goes through ``start``, which recovers a lost target).
+    #
+    #   def explain_exit(self, started: float) -> tuple[int, str] | None
+    #
+    # The session server's stream ended during a command that started at
+    # ``started`` (wall clock): ``(exit code, why)`` when the target can tell
+    # what ended it (the shell's own exit status, an OOM kill); None when it
+    # cannot, and the command then fails as an infrastructure error.
 
 
 
@@ -232,6 +239,10 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
                     self._note(f"{self.name}: {why}; the target was recreated and the session state restored")
             stream = target.open_channel(argv)  # type: ignore[attr-defined]
             return stream
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        explain = getattr(self.target, "explain_exit", None)
+        return explain(started) if callable(explain) else None
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)
