@@ -33,11 +33,13 @@ EXIT_STATUS_WAIT_S = 65.0
 
 
 class ExecStream:
-    """A bidirectional byte stream over one exec (stderr not read)."""
+    """A bidirectional byte stream over one exec; its stderr is kept (its first 64 KiB) if read at all."""
 
-    def __init__(self, loop: EventLoopThread, proc: Any) -> None:
+    def __init__(self, loop: EventLoopThread, proc: Any, *, stderr: bool = False) -> None:
         self._loop = loop
         self._proc = proc
+        self._read_stderr = stderr
+        self.stderr = bytearray()
         self._chunks: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._buf = b""
         self._ended = False
@@ -72,9 +74,20 @@ class ExecStream:
             self.exit_status.set_result(int(task.result()))
 
     async def _read(self) -> None:
-        async for chunk in self._proc.stdout:
-            if chunk:
-                self._chunks.put(bytes(chunk))
+        async def errors() -> None:
+            async for chunk in self._proc.stderr:
+                self.stderr += chunk[: max(0, 65536 - len(self.stderr))]
+
+        side = asyncio.ensure_future(errors()) if self._read_stderr else None
+        try:
+            async for chunk in self._proc.stdout:
+                if chunk:
+                    self._chunks.put(bytes(chunk))
+            if side is not None:
+                await side
+        finally:
+            if side is not None:
+                side.cancel()
 
     def read(self, n: int) -> bytes:
         if not self._buf:

@@ -254,8 +254,9 @@ class DirectModalEnvironment(ModalEnvironment):
             for stream in streams:
                 stream.close()
 
-    def _open_stream(self, argv: list[str]) -> ExecStream:
-        """Start ``argv`` as an exec (recreating an ended sandbox once); stdin and stdout its stream."""
+    def _open_stream(self, argv: list[str], *, stderr: bool = False) -> ExecStream:
+        """Start ``argv`` as an exec (recreating an ended sandbox once); stdin and stdout its stream,
+        stderr dropped unless kept (``stream.stderr``)."""
         st = self._stream_type
         for attempt in (1, 2):
             sandbox = self._sandbox
@@ -263,14 +264,15 @@ class DirectModalEnvironment(ModalEnvironment):
                 raise EnvironmentClosedError(f"modal environment {self.task_id!r} is closed")
             try:
                 proc = self._loop.run(
-                    sandbox.exec.aio(*argv, text=False, stdout=st.PIPE, stderr=st.DEVNULL), timeout=_CALL_S
+                    sandbox.exec.aio(*argv, text=False, stdout=st.PIPE, stderr=st.PIPE if stderr else st.DEVNULL),
+                    timeout=_CALL_S,
                 )
             except Exception as exc:
                 if attempt == 1 and self._ended(sandbox, exc):
                     self._recreate(sandbox)
                     continue
                 raise self._translate(exc, "could not start the command") from exc
-            stream = ExecStream(self._loop, proc)
+            stream = ExecStream(self._loop, proc, stderr=stderr)
             if tuple(argv) == SERVER_ARGV:
                 self._server = (sandbox, stream)
             return stream
@@ -378,10 +380,6 @@ class DirectModalEnvironment(ModalEnvironment):
             await proc.stdin.drain.aio()
         code = await proc.wait.aio()
         return int(code), await out, await err
-
-    async def open_exec(self, argv: list[str]) -> Any:
-        """Start ``argv`` in the sandbox as a raw SDK process (for the sync transport)."""
-        return await self._sandbox.exec.aio(*argv, text=False)
 
     # -- errors ----------------------------------------------------------------------
     def _translate(self, exc: BaseException, what: str) -> BaseException:
