@@ -229,7 +229,7 @@ class DirectModalEnvironment(ModalEnvironment):
         if self._let_go and tuple(argv) == SERVER_ARGV:
             self._let_go = False
             self._note(
-                f"modal: the session's execs were let go after {self._cfg.idle_timeout / 2:g}s without a command, "
+                f"modal: the session's execs were let go after {(self._cfg.idle_timeout or 0) / 2:g}s without a command, "
                 "so that Modal could end the idle sandbox (idle_timeout); its shell state was kept"
             )
         stream = self._open_stream(list(argv))

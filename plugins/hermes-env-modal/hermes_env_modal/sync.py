@@ -78,7 +78,7 @@ class ModalSyncTransport:
         self._commands = CommandTransport(self._runner, stream_stdin=False)
 
     # -- FileSyncTransport ------------------------------------------------------------
-    def upload(self, remote_root: str, archive: BinaryIO, size: int) -> None:
+    def upload(self, remote_root: str, archive: BinaryIO, size: int | None) -> None:
         root = _q(remote_root)
         script = f"mkdir -p -- {root} && cd -- {root} && exec tar -x -z -o -f -"
         _run(self._env, script, self._gzip(archive), io.BytesIO())
