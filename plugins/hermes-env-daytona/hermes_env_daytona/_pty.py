@@ -10,12 +10,18 @@ on a terminal, reached over a WebSocket. Made to carry raw bytes:
    then a marker; then it becomes ``setsid -w bash`` (no controlling terminal,
    so no command can open ``/dev/tty`` and read the stream), reading one line;
 2. once the marker is seen (the terminal is raw by then) that line goes up:
-   ``cat`` copies the terminal into a pipe, and ``argv`` runs with that pipe
-   as stdin and the terminal as stdout, stderr to /dev/null. bash never reads
-   the terminal itself: its ``read -d``/``-N`` would switch the terminal to
-   cbreak mode (signals and CR->NL back on) while it reads;
-3. a second marker says the program is about to start: every byte after it
-   is the program's, both ways.
+   the relay below, and ``argv`` behind it; a second marker says every byte
+   after it is the program's, both ways.
+
+The relay. bash never reads the terminal with ``read -d``/``-N`` (those turn
+cbreak mode on while they read: signals and CR->NL back), so the program's
+stdin is a pipe fed by a demultiplexer that reads the terminal with plain
+``read`` and ``head -c``: the client sends ``D <n>\n`` and n bytes of data,
+or ``A <total>\n``, how many bytes of output it has received. The program's
+stdout is a pipe, copied to the terminal one ``dd`` read at a time, never more
+than ``_WINDOW`` bytes ahead of those acknowledgements: the daemon drops a
+client that falls 256 messages behind ("slow consumer"), and a fast writer
+(50 MB of output) would otherwise outrun any client.
 
 The session is killed (its whole tree) when the stream is closed.
 """
@@ -35,6 +41,8 @@ from hermes_env_core.errors import EnvironmentUnavailable
 __all__ = ["NoBash", "PtyStream", "open_pty_stream"]
 
 _CHUNK = 32 * 1024  # one WebSocket message; the daemon drops a connection over 64 KiB
+_WINDOW = 256 * 1024  # output the sandbox may send ahead of the acknowledgements
+_ACK_EVERY = 64 * 1024
 _BOOT_TIMEOUT_S = 30.0
 
 
@@ -67,6 +75,9 @@ class PtyStream:
         self._buf = b""
         self._lock = threading.Lock()
         self._closed = False
+        self.framed = False  # the relay runs: writes are framed, reads acknowledged
+        self._got = 0
+        self._acked = 0
         threading.Thread(target=self._pump, name="hermes-daytona-pty", daemon=True).start()
 
     def _pump(self) -> None:
@@ -92,6 +103,14 @@ class PtyStream:
         data = self._next(None)
         if len(data) > n:
             data, self._buf = data[:n], data[n:]
+        if self.framed:
+            self._got += len(data)
+            if self._got - self._acked >= _ACK_EVERY:
+                self._acked = self._got
+                try:  # one message of its own, never behind a write that waits
+                    self._handle.send_input(b"A %d\n" % self._got)
+                except Exception:  # noqa: BLE001, S110 - the end of the stream shows on the next read
+                    pass
         return data
 
     def expect(self, marks: Sequence[bytes], deadline: float) -> tuple[bytes, bytes]:
@@ -120,8 +139,9 @@ class PtyStream:
             raise OSError("the PTY stream is closed")
         with self._lock:
             for i in range(0, len(data), _CHUNK):
+                chunk = bytes(data[i : i + _CHUNK])
                 try:
-                    self._handle.send_input(bytes(data[i : i + _CHUNK]))
+                    self._handle.send_input(b"D %d\n%s" % (len(chunk), chunk) if self.framed else chunk)
                 except Exception as exc:  # noqa: BLE001 - the SDK's DaytonaError, or a socket error
                     raise OSError(f"the PTY session's connection broke: {exc}") from exc
 
@@ -152,9 +172,15 @@ def open_pty_stream(sandbox: Any, argv: Sequence[str], *, pty_size: Any = None) 
         f"{{ exec setsid -w bash -c '{relay}' 2>/dev/null; exec bash -c '{relay}' 2>/dev/null; }}\n"
     )
     program = " ".join(_word(a) for a in argv)
+    demux = "while IFS=' ' read -r t n; do case $t in D) head -c \"$n\" || exit;; A) printf '%s\\n' \"$n\" >&5;; *) exit;; esac; done"
+    pacer = (
+        "s=0 a=0; while :; do while (( s - a >= " + str(_WINDOW) + " )); do IFS= read -r a <&5 || exit; done; "
+        "while read -t 0 -u 5 && IFS= read -r a <&5; do :; done; dd bs=65536 count=1 2>&7 || exit; "
+        "IFS= read -r n <&7; IFS= read -r n <&7; IFS=' ' read -r n _ <&7; [[ $n -gt 0 ]] || exit; s=$((s + n)); done"
+    )
     second = (
-        f"exec 3< <(exec cat); __c=$!; printf '\\036%s\\n' {token}:go; {program} <&3 3<&-; "
-        "__r=$?; kill \"$__c\"; exit \"$__r\"\n"
+        f"exec 5<> <(:) 7<> <(:); exec 4< <(exec cat); __c=$!; exec 3< <({demux} <&4 4<&-); __d=$!; exec 4<&-; printf '\\036%s\\n' {token}:go; "
+        f"{program} <&3 3<&- | {{ {pacer}; }}; __r=${{PIPESTATUS[0]}}; kill \"$__c\" \"$__d\"; exit \"$__r\"\n"
     )
     deadline = time.monotonic() + _BOOT_TIMEOUT_S
     try:
@@ -164,6 +190,7 @@ def open_pty_stream(sandbox: Any, argv: Sequence[str], *, pty_size: Any = None) 
             raise NoBash("daytona: the sandbox has no bash")
         stream.write(second.encode())
         stream.expect([f"\x1e{token}:go\n".encode()], deadline)
+        stream.framed = True
     except BaseException:
         stream.close()
         raise

@@ -30,6 +30,7 @@ import os
 import pty
 import queue
 import re
+import shlex
 import signal
 import socket
 import struct
@@ -208,12 +209,19 @@ class PtySession:
         self.exit_reason: str | None = None
         self._lock = threading.Lock()
         self._clients: set[WsConnection] = set()
+        env = sb.process_env(self.envs)
+        if not sb.profile.has_bash:
+            # A login shell's /etc/profile (this machine's) would put bash back on the PATH:
+            # the interactive shell's $ENV file, read last, takes it away again.
+            rc = sb.state_dir / "pty-no-bash.sh"
+            rc.write_text(f"PATH={shlex.quote(env['PATH'])}; export PATH\n")
+            env["ENV"] = str(rc)
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         try:
             self.proc = subprocess.Popen(
                 [sb.daemon_shell(), "-i", "-l"],
-                stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=sb.process_env(self.envs),
+                stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
                 start_new_session=True, preexec_fn=_ctty,  # noqa: PLW1509 - setsid, then the terminal
             )
         finally:
