@@ -37,6 +37,7 @@ import struct
 import subprocess
 import termios
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -77,13 +78,15 @@ def envs_from_subprotocols(header: str | None) -> dict[str, str]:
 class WsConnection:
     """The server side of one RFC 6455 connection (frames from the client are masked)."""
 
-    def __init__(self, sock: socket.socket, rfile: Any, *, exit_control: bool) -> None:
+    def __init__(self, sock: socket.socket, rfile: Any, *, exit_control: bool, latency: float = 0.0) -> None:
         self.sock = sock
+        #: added to each message from the client, as ``emu.latency`` is to each request (one way per round trip)
+        self.latency = latency
         self.rfile = rfile
         self.exit_control = exit_control
         self._send_lock = threading.Lock()
         self.closed = threading.Event()
-        self.outbox: queue.Queue[bytes | None] = queue.Queue(SEND_QUEUE)
+        self.outbox: queue.Queue[tuple[float, bytes | None]] = queue.Queue(SEND_QUEUE)
 
     def _read_exact(self, n: int) -> bytes:
         data = self.rfile.read(n) if n else b""
@@ -253,7 +256,7 @@ class PtySession:
                 clients = list(self._clients)
             for cl in clients:
                 try:
-                    cl.outbox.put_nowait(data)
+                    cl.outbox.put_nowait((time.monotonic(), data))
                 except queue.Full:
                     self._detach(cl)
                     threading.Thread(target=cl.send_close, args=(1008, "slow consumer"), daemon=True).start()
@@ -281,7 +284,7 @@ class PtySession:
             if cut:
                 cl.cut()
                 continue
-            cl.outbox.put(None)  # after what is queued
+            cl.outbox.put((time.monotonic(), None))  # after what is queued
 
     def write(self, data: bytes) -> bool:
         view = memoryview(data)
@@ -331,10 +334,27 @@ class PtySession:
         writer = threading.Thread(target=self._client_writer, args=(cl,), name=f"emu-pty-out-{self.id}", daemon=True)
         writer.start()
         cl.send_text(json.dumps({"type": "control", "status": "connected"}))
+        inbox: queue.Queue[tuple[float, bytes | None]] = queue.Queue(SEND_QUEUE)
+
+        def to_terminal() -> None:  # a delay line: each message reaches the terminal ``latency`` after it came
+            while True:
+                came, data = inbox.get()
+                if data is None:
+                    return
+                if (due := came + cl.latency - time.monotonic()) > 0:
+                    time.sleep(due)
+                if not self.write(data):
+                    cl.closed.set()
+                    return
+
+        feeder = threading.Thread(target=to_terminal, name=f"emu-pty-in-{self.id}", daemon=True)
+        feeder.start()
         while not cl.closed.is_set():
             data = cl.read_message()
-            if data is None or not self.write(data):
+            if data is None:
                 break
+            inbox.put((time.monotonic(), data))
+        inbox.put((0.0, None))
         self._detach(cl)
         cl.closed.set()
         writer.join(5)
@@ -342,7 +362,7 @@ class PtySession:
     def _client_writer(self, cl: WsConnection) -> None:
         while True:
             try:
-                item = cl.outbox.get(timeout=0.1)
+                queued, item = cl.outbox.get(timeout=0.1)
             except queue.Empty:
                 if cl.closed.is_set():
                     return
@@ -482,7 +502,7 @@ class PtyService:
             handler.send_header("Sec-WebSocket-Protocol", EXIT_CONTROL)
         handler.end_headers()
         handler.wfile.flush()
-        conn = WsConnection(handler.connection, handler.rfile, exit_control=EXIT_CONTROL in tokens)
+        conn = WsConnection(handler.connection, handler.rfile, exit_control=EXIT_CONTROL in tokens, latency=emu.latency)
         if session is None:
             # controller.go: upgraded first, then told why, then closed.
             error = f"Failed to connect to PTY session: PTY session {match['session']} not found"
