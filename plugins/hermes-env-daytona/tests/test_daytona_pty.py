@@ -206,3 +206,20 @@ def test_sandbox_stopped_mid_command_is_an_infrastructure_error_then_resumed(emu
 def test_sandbox_deleted_mid_command_is_an_infrastructure_error_then_recreated(emu, make_env):
     env, r = _lose_sandbox_mid_command(emu, make_env, "deleted")
     assert any("created a new one" in n for n in r.notes), r.notes
+
+
+def test_background_process_runs_with_the_session_state_and_is_talked_to(make_env):
+    from hermes_env_core.processes import ProcessRegistry
+
+    env = make_env()
+    env.execute("export HERMES_T_BG=from-session; cd /tmp")
+    registry = ProcessRegistry()
+    try:
+        proc = registry.spawn(env, 'echo "$HERMES_T_BG $PWD"; read -r line; echo "got $line"; exit 4')
+        assert proc.wait_for_output("from-session /tmp", timeout=20)
+        proc.write("hello\n")
+        assert proc.wait(20) == 4
+        assert "got hello" in proc.output
+    finally:
+        registry.close()
+    assert env.execute("echo $HERMES_T_BG").output == "from-session\n"  # the session is untouched
