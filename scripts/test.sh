@@ -10,6 +10,8 @@ export HERMES_ENV_TEST_ROOT=$ROOT
 VENV=${HERMES_ENV_VENV:-$ROOT/.venv}
 REPORTS=$(mktemp -d)
 trap 'rm -rf "$REPORTS"' EXIT
+# Stopped from outside: the lanes below go too.
+trap 'trap - INT TERM; kill 0' INT TERM
 
 step() { printf '\n=== %s\n' "$*"; }
 die() { printf 'test.sh: %s\n' "$*" >&2; exit 1; }
@@ -34,28 +36,38 @@ if [ -d plugins/hermes-env-daytona ] && ! command -v zsh >/dev/null 2>&1; then
         || die "could not install zsh"
 fi
 
-step "python environment ($VENV)"
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV" || die "python3 -m venv failed"
-fi
+# Two lanes run at once, each in its own venv: the core's tests (with no plugin
+# installed, so that they pass without one) and, beside them, every plugin,
+# example and integration, each installed and tested alone in the other venv.
+# Their suites share nothing but the engines (test containers are told apart by
+# their labels), and each lane's output is printed whole once both are done.
+PLUGIN_VENV=${HERMES_ENV_PLUGIN_VENV:-$ROOT/.venv-plugins}
+make_venv() {  # path
+    local venv=$1
+    step "python environment ($venv)"
+    if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv" || die "python3 -m venv $venv failed"
+    fi
+    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes hermes-env-inspect; do
+        "$venv/bin/python" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
+    done
+    "$venv/bin/python" -m pip install -q -e ".[docker,ssh,test,mcp,lint]" || die "pip install of the core into $venv failed"
+}
+make_venv "$VENV"
+make_venv "$PLUGIN_VENV"
 PY=$VENV/bin/python
-"$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-# Core only (plus its own extras): the core's tests must pass with no plugin.
-for p in hermes-env-daytona hermes-env-modal hermes-env-singularity hermes-env-example hermes-env-kubernetes hermes-env-inspect; do
-    "$PY" -m pip uninstall -q -y "$p" >/dev/null 2>&1 || true
-done
-"$PY" -m pip install -q -e ".[docker,ssh,test,mcp,lint]" || die "pip install of the core failed"
 
 status=0
-run_suite() {  # name, then pytest arguments
-    local name=$1; shift
-    step "tests: $name"
-    timeout --signal=INT 1800 "$PY" -m pytest -p no:cacheprovider --junitxml="$REPORTS/$name.xml" "$@"
+run_suite() {  # python, name, then pytest arguments
+    local py=$1 name=$2; shift 2
+    step "tests: $name ($(date -u +%T))"
+    timeout --signal=INT 1800 "$py" -m pytest -p no:cacheprovider --junitxml="$REPORTS/$name.xml" "$@"
     local rc=$?
     case $rc in
         0) ;;
-        5) echo "test.sh: no tests were collected for $name"; status=1 ;;
-        *) status=1 ;;
+        5) echo "test.sh: no tests were collected for $name"; return 1 ;;
+        *) return 1 ;;
     esac
 }
 
@@ -68,23 +80,41 @@ step "lint: ruff check (configuration in pyproject.toml)"
 step "each backend's own logic lines (scripts/logic-lines.py)"
 "$PY" scripts/logic-lines.py || status=1
 
-run_suite core tests
-# docker and ssh default to the resident shell channel; their conformance runs
-# both ways, and here the rest of their tests run through one process per command.
-HERMES_ENV_CHANNEL=0 run_suite core-process \
-    tests/backends/test_docker.py tests/backends/test_ssh.py tests/processes/test_bg_docker.py \
-    tests/processes/test_bg_ssh.py -k "not Conformance"
+core_lane() {
+    local rc=0
+    run_suite "$PY" core tests || rc=1
+    # docker and ssh default to the session server; here the rest of their tests
+    # run again through one process per command.
+    HERMES_ENV_CHANNEL=0 run_suite "$PY" core-process \
+        tests/backends/test_docker.py tests/backends/test_ssh.py tests/processes/test_bg_docker.py \
+        tests/processes/test_bg_ssh.py -k "not Conformance" || rc=1
+    return $rc
+}
 
 # Plugins, the third-party examples, then the integrations (inspect_ai's sandbox): each a distribution
 # tested alone, with its [test] extra.
-for dir in plugins/*/ examples/*/ integrations/*/; do
-    name=$(basename "$dir")
-    [ -f "$dir/pyproject.toml" ] || { echo "test.sh: $dir has no pyproject.toml yet; not a distribution, skipped"; continue; }
-    step "install $name"
-    "$PY" -m pip install -q -e "${dir%/}[test]" || { echo "test.sh: pip install of $name failed"; status=1; continue; }
-    run_suite "$name" "$dir/tests" --rootdir "$dir"
-    "$PY" -m pip uninstall -q -y "$name" >/dev/null 2>&1 || true
-done
+plugin_lane() {
+    local rc=0 dir name py=$PLUGIN_VENV/bin/python
+    for dir in plugins/*/ examples/*/ integrations/*/; do
+        name=$(basename "$dir")
+        [ -f "$dir/pyproject.toml" ] || { echo "test.sh: $dir has no pyproject.toml yet; not a distribution, skipped"; continue; }
+        step "install $name"
+        "$py" -m pip install -q -e "${dir%/}[test]" || { echo "test.sh: pip install of $name failed"; rc=1; continue; }
+        run_suite "$py" "$name" "$dir/tests" --rootdir "$dir" || rc=1
+        "$py" -m pip uninstall -q -y "$name" >/dev/null 2>&1 || true
+    done
+    return $rc
+}
+
+step "tests: two lanes from $(date -u +%T)"
+core_lane >"$REPORTS/core.log" 2>&1 &
+core_pid=$!
+plugin_lane >"$REPORTS/plugins.log" 2>&1 &
+plugin_pid=$!
+wait "$core_pid" || status=1
+wait "$plugin_pid" || status=1
+cat "$REPORTS/core.log" "$REPORTS/plugins.log"
+step "both lanes done at $(date -u +%T)"
 
 step "summary"
 "$PY" - "$REPORTS" <<'PY'

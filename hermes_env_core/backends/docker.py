@@ -115,6 +115,7 @@ class DockerEnvironment(BaseEnvironment):
         self._gen = 0
         self._box: dict[str, str | None] = {"id": None}
         self._events_seen_ns = 0  # engine events up to this time were already given to a command
+        self._events_floor_s = 0.0  # the last command's end: engine events before it are not the next one's
         self._user = cfg.user or ""
         self._exec_env = [f"{k}={v}" for k, v in cfg.env.items()]
         self.container_name = reaper.container_name(self.task_id, persistent=cfg.persistent)
@@ -526,14 +527,20 @@ class DockerEnvironment(BaseEnvironment):
 
     def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
         # A command killed by SIGKILL: was it the container's memory limit?
-        if exit_code != 137:
-            return None
-        seen: set[str] = set()
-        for attempt in range(4):  # events may trail the exit by a few milliseconds
-            seen = self._events_since(started, ("oom",))
-            if seen:
-                break
-            time.sleep(0.05 * (attempt + 1))
+        ended = time.time()
+        try:
+            if exit_code != 137:
+                return None
+            seen: set[str] = set()
+            for attempt in range(4):  # events may trail the exit by a few milliseconds
+                seen = self._events_since(started, ("oom",))
+                if seen:
+                    break
+                time.sleep(0.05 * (attempt + 1))
+        finally:
+            # What happened before this command ended is this command's (an OOM kill's
+            # events may be delivered late, and several at once): never the next one's.
+            self._events_floor_s = max(self._events_floor_s, ended)
         if "oom" in seen:
             limit = self.config.memory or "the host's memory"
             self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
@@ -543,12 +550,14 @@ class DockerEnvironment(BaseEnvironment):
         return bool(getattr(self.config, "pids_limit", None))
 
     def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        ended = time.time()
         seen: set[str] = set()
         for attempt in range(4):
             seen = self._events_since(started, ("oom",))
             if seen:
                 break
             time.sleep(0.05 * (attempt + 1))
+        self._events_floor_s = max(self._events_floor_s, ended)
         if "oom" not in seen:
             return None
         limit = self.config.memory or "the host's memory"
@@ -589,7 +598,8 @@ class DockerEnvironment(BaseEnvironment):
             )
             # An event counts for one command only: the next command, started
             # within the tolerance, must not see its predecessor's OOM.
-            fresh = [e for e in events if e.get("timeNano", 0) / 1e9 >= since - 0.5
+            floor = max(since - 0.5, self._events_floor_s)
+            fresh = [e for e in events if e.get("timeNano", 0) / 1e9 >= floor
                      and e.get("timeNano", 0) > self._events_seen_ns]
             if fresh:
                 self._events_seen_ns = max(e.get("timeNano", 0) for e in fresh)

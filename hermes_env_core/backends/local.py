@@ -269,6 +269,16 @@ class LocalEnvironment(BaseEnvironment):
         # An environment never closed still leaves nothing behind when it is collected or at exit.
         self._dir_finalizer = weakref.finalize(self, _forget, self._dir, self._server_procs)
 
+    @property
+    def bash_path(self) -> str:
+        """The bash every process of the session runs."""
+        return self._bash
+
+    @property
+    def process_environment(self) -> dict[str, str]:
+        """The environment a process of the session starts with (a copy)."""
+        return dict(self._env)
+
     def _state_dir(self) -> str:
         return self._dir
 

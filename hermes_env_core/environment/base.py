@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, UsageError
+from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError, UsageError
 from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
-from .handles import ProcessHandle
+from .handles import ProcessHandle, run_to_end
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
@@ -663,29 +663,38 @@ class BaseEnvironment(abc.ABC):
     def _run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
         """Run a short script outside the session, to its end; (exit code, merged output)."""
         handle = self._run_bash(script, login=False, timeout=timeout, stdin_data=None)
-        stdout = handle.stdout
-        if stdout is None:
-            raise BackendError(f"{self.name}: the process handle has no stdout")
-        fd = stdout.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        chunks: list[bytes] = []
-        deadline = time.monotonic() + timeout
         try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    handle.kill()
-                    raise EnvironmentUnavailable(f"{self.name}: a helper command did not finish in {timeout:g}s")
-                if not poller.poll(min(left, 1.0) * 1000.0):
-                    continue
-                data = os.read(fd, 65536)
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            stdout.close()
-        return self._reap(handle, finished=True), b"".join(chunks)
+            return run_to_end(handle, timeout=timeout)
+        except TimeoutError as exc:
+            raise EnvironmentUnavailable(f"{self.name}: a helper command did not finish in {timeout:g}s") from exc
+
+    def run_outside(self, script: str, *, timeout: float = 60.0) -> tuple[int, bytes]:
+        """Run a bash script in the target outside the session, to its end: (exit code, merged output).
+
+        The session's state is neither restored nor saved (for the library's own work:
+        background processes, checks). The script goes through stdin, never on a
+        command line, wherever the backend can feed stdin; an idle resident channel
+        is used when there is one. Past ``timeout`` it is killed and ``BackendError`` raised.
+        """
+        handle = self._start_helper(script, timeout=timeout)
+        try:
+            return run_to_end(handle, timeout=timeout)
+        except TimeoutError as exc:
+            raise BackendError(f"{self.name}: a helper script did not finish in {timeout:g}s") from exc
+        except HermesEnvError:
+            raise
+        except Exception as exc:  # an SDK's error while waiting for the exit
+            raise BackendError(f"{self.name}: a helper script did not exit: {exc!r}") from exc
+
+    def before_command(self) -> None:
+        """Do what precedes each command (remote backends push synced files); for
+        processes started outside ``execute()``."""
+        self._before_execute()
+
+    @property
+    def login_each(self) -> bool:
+        """Whether every process of the session starts as a login shell (the ``login`` option)."""
+        return self._login_each
 
     def _snapshot(self, session: ShellSession, *, login: bool) -> tuple[WrappedCommand, Any, int] | None:
         """Capture the state of a fresh (login) shell; (wrapped, frame or None, exit code)."""

@@ -6,14 +6,18 @@ offers only blocking calls wrap them in ``ThreadedProcessHandle``.
 
 from __future__ import annotations
 
+import errno
 import os
+import select
+import subprocess
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Protocol, runtime_checkable
 
 from ..errors import BackendError
 
-__all__ = ["ProcessHandle", "ThreadedProcessHandle", "Writer"]
+__all__ = ["ProcessHandle", "ThreadedProcessHandle", "Writer", "run_to_end"]
 
 Writer = Callable[[bytes], None]
 
@@ -118,3 +122,51 @@ class ThreadedProcessHandle:
         self.killed = True
         if self._on_kill is not None:
             self._on_kill()
+
+
+_DRAIN_S = 0.2  # how long to keep reading after bash has exited (a background child may hold the pipe)
+
+
+def run_to_end(handle: ProcessHandle, *, timeout: float) -> tuple[int, bytes]:
+    """Read a started process's output to its end and reap it: (exit code, output).
+
+    Past ``timeout`` the handle is killed and ``TimeoutError`` raised.
+    """
+    stdout = handle.stdout
+    if stdout is None:
+        raise ValueError("run_to_end: the handle has no stdout")
+    fd = stdout.fileno()
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    exited_at: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                handle.kill()
+                try:
+                    handle.wait(timeout=5.0)
+                except Exception:  # noqa: BLE001 - the timeout is the error to report
+                    pass
+                raise TimeoutError(f"helper script still running after {timeout:g}s; it was killed")
+            ready, _, _ = select.select([fd], [], [], min(deadline - now, 0.05))
+            if ready:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EINTR):
+                        continue
+                    data = b""
+                if not data:
+                    break
+                chunks.append(data)
+            elif handle.poll() is not None:
+                exited_at = exited_at if exited_at is not None else now
+                if now - exited_at > _DRAIN_S:
+                    break
+    finally:
+        stdout.close()
+    if isinstance(handle, subprocess.Popen):
+        # bash is exiting: a plain wait() blocks in waitpid, where wait(timeout) polls with sleeps.
+        return handle.wait(), b"".join(chunks)
+    return handle.wait(timeout=max(deadline - time.monotonic(), 5.0)), b"".join(chunks)

@@ -142,6 +142,7 @@ class ServerRunner:
         self._checkpoint_of = 0  # the command whose state the checkpoint holds
         self._lost: str | None = None
         self._flags = ""
+        self._last_status: int | None = None  # of the last command that ended normally
         self._cpu: tuple[float, float] | None = None
         self._closed = False
         self._pending = False  # a checkpoint is due before the next command
@@ -229,8 +230,7 @@ class ServerRunner:
                 state = given(self.session.baseline or state)
             self.session.set_state(state)
             if given is not None or (state.cwd and state.cwd != cwd):
-                self._restore(server, state)
-                got = self._refresh_cwd(server)
+                got = self._restore(server, state)
                 if got == cwd and state.cwd != cwd:
                     # The configured directory cannot be entered: the first command says so.
                     self._start_error = state.cwd
@@ -253,6 +253,9 @@ class ServerRunner:
                 _log.debug("%s: hand-over state unreadable: %s", self.label, exc)
         state = self.session.state
         if state is not None:
+            if handover is None and self._last_status is not None:
+                # `$?` changes with every command, the checkpoint only with those that change the state
+                state = SessionState(**{**state.__dict__, "last_status": self._last_status})
             self._restore(server, state)
         if why is not None:
             self._note(f"{why}; a new session server was started with {source}")
@@ -275,29 +278,27 @@ class ServerRunner:
         changes = state is None or calls_ours or _CHANGES_RE.search(command) is not None
         return exits, changes
 
-    def _refresh_cwd(self, server: SessionServer) -> str:
-        nonce = server.send_command(":", cwd=None, stdin=None)
+    def _run_own(self, server: SessionServer, script: str, what: str) -> ServerReport:
+        """Run one of our own scripts on ``server`` to its end (its output is dropped)."""
+        nonce = server.send_command(script, cwd=None, stdin=None)
         deadline = time.monotonic() + 60.0
         server.wait_started(nonce, deadline)
         report = server.read_output(nonce, lambda b: None, poll_s=0.5, should_stop=lambda: time.monotonic() > deadline)
         if report is None:
-            raise EnvironmentUnavailable(f"{self.label}: the new session server did not answer")
-        return report.cwd
+            raise EnvironmentUnavailable(f"{self.label}: {what} timed out")
+        return report
 
-    def _restore(self, server: SessionServer, state: SessionState) -> None:
+    def _restore(self, server: SessionServer, state: SessionState) -> str:
+        """Put ``state`` into a new server; the directory it is in then."""
         last = state.last_arg if state.last_arg is not None else "''"
         script = self.session.restore_script(
-            f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last}",
+            # `&& :`: a nonzero status under errexit must not end the new server
+            f"__hermes_rr() {{ builtin unset -f __hermes_rr; return $1; }}; __hermes_rr {int(state.last_status)} {last} && :",
             cd_fatal=False,
         )
-        nonce = server.send_command(script, cwd=None, stdin=None)
-        deadline = time.monotonic() + 60.0
-        server.wait_started(nonce, deadline)
-        out: list[bytes] = []
-        report = server.read_output(nonce, out.append, poll_s=0.5, should_stop=lambda: time.monotonic() > deadline)
-        if report is None:
-            raise EnvironmentUnavailable(f"{self.label}: restoring the session state in a new server timed out")
+        report = self._run_own(server, script, "restoring the session state in a new server")
         server.dirty = False
+        return report.cwd
 
     # -- commands ------------------------------------------------------------------
     def run(
@@ -348,26 +349,20 @@ class ServerRunner:
         for attempt in (0, 1):
             try:
                 server = self._ensure()
-            except ServerLost as exc:
-                # The new server's stream broke at once (a connection dropped twice): once more.
-                self._lost = str(exc)
-                if attempt:
-                    raise
-                continue
-            if self._start_error is not None:
-                bad, self._start_error = self._start_error, None
-                capture.feed(f"hermes-env: cannot enter working directory: {bad}\n".encode("utf-8", "surrogateescape"))
-                return ServerRun(
-                    ServerReport(exit_code=126, cwd=self.session.cwd or "", cpu_times=None),
-                    notes=(f"working directory {bad} is gone; session directory reset to {self.session.cwd}",),
-                )
-            exits, changes = self._predict(command)
-            try:
+                if self._start_error is not None:
+                    bad, self._start_error = self._start_error, None
+                    capture.feed(f"hermes-env: cannot enter working directory: {bad}\n".encode("utf-8", "surrogateescape"))
+                    return ServerRun(
+                        ServerReport(exit_code=126, cwd=self.session.cwd or "", cpu_times=None),
+                        notes=(f"working directory {bad} is gone; session directory reset to {self.session.cwd}",),
+                    )
+                exits, changes = self._predict(command)
                 server.inline_checkpoint = None
                 nonce = server.send_command(command, cwd=cwd, stdin=stdin, may_exit=exits, checkpoint=changes)
                 break
             except ServerLost as exc:
-                # Found dead as the command was sent: it never ran; once more on a new server.
+                # A new server's stream broke at once, or the server was found dead as the
+                # command was sent: the command never ran; once more on a new server.
                 self._lost = str(exc)
                 if attempt:
                     raise
@@ -434,6 +429,7 @@ class ServerRunner:
             )
         assert report is not None
         self._flags = report.flags
+        self._last_status = report.exit_code
         if server.inline_checkpoint is not None:
             self._take_checkpoint(server.inline_checkpoint)
             server.dirty = False

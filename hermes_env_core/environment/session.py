@@ -64,7 +64,7 @@ _BASH_OWNED = frozenset(
     OSTYPE PIPESTATUS PPID PWD RANDOM SECONDS SHELLOPTS SHLVL SRANDOM UID _
     """.split()
 )
-_SPECIAL = frozenset({"BASHOPTS", "DIRSTACK", "__hermes_l"})
+_SPECIAL = frozenset({"BASHOPTS", "DIRSTACK", "__hermes_l", "__hermes_r"})
 # shopt options that cannot be set, and set -o options that only make sense
 # in an interactive shell.
 _UNSETTABLE_SHOPT = frozenset({"login_shell", "restricted_shell"})
@@ -202,6 +202,11 @@ def _strip_own_functions(text: str) -> str:
     return "".join(out)
 
 
+def _dq_value(line: str) -> str:
+    """The value of a ``declare -- NAME="digits"`` line (anything else may come back quoted)."""
+    return line.partition("=")[2].strip('"')
+
+
 def _sq_unquote(word: str) -> str:
     """The text of a ``'...'`` word as ``trap -p`` prints it."""
     return word[1:-1].replace("'\\''", "'")
@@ -227,7 +232,7 @@ def parse_state_dump(
     cwd: str | None,
     names_from: SessionState | None = None,
     *,
-    status: int = 0,
+    status: int | None = None,
 ) -> SessionState:
     """Parse what the save wrote. Raises StateParseError when incomplete.
 
@@ -243,6 +248,12 @@ def parse_state_dump(
     bashopts = frozenset(filter(None, bashopts_line.partition("=")[2].strip('"').split(":")))
     last = variables.pop("__hermes_l", None)
     dirs = variables.pop("DIRSTACK", None)
+    if status is None:
+        # The session server keeps the last command's status in __hermes_r between commands.
+        kept = _dq_value(variables.pop("__hermes_r", ""))
+        status = int(kept) if kept.isdigit() else 0
+    else:
+        variables.pop("__hermes_r", None)
     opt_lines = sec["opts"].split("\n")
     if len(opt_lines) < 3 or not opt_lines[0].startswith("umask "):
         raise StateParseError("option section is incomplete")
@@ -513,16 +524,7 @@ class ShellSession:
         if target_cwd:
             where.append(cd_line(target_cwd, nonce))
         if state is not None:
-            old = state.variables.get("OLDPWD")
-            # -g: in script mode this runs inside __hermes_ret.
-            where.append("builtin declare -g" + old[len("declare"):] if old else "builtin unset -v OLDPWD")
-            if state.dirstack and "[1]=" in state.dirstack:
-                where.append(
-                    f"__hermes_ds={state.dirstack}; "
-                    "for ((__hermes_i=${#__hermes_ds[@]}-1; __hermes_i>0; __hermes_i--)); do "
-                    'builtin pushd -n -- "${__hermes_ds[__hermes_i]}" >/dev/null 2>&1; done; '
-                    "builtin unset -v __hermes_ds __hermes_i"
-                )
+            where += _after_cd(state)
         if script_mode:
             assert state is not None
             # bash reads the command as its script (exact xtrace prefix and
@@ -642,6 +644,8 @@ class ShellSession:
         target = _resolve_cwd(session_cwd, cwd)
         if target:
             parts.append(cd_line(target, None) if cd_fatal else f"builtin cd -- {quote_dir(target)} 2>/dev/null")
+        if state is not None:
+            parts += _after_cd(state)
         if late:
             parts.append(late)
         return (one_line(parts) + "\n" if parts else "") + command + "\n"
@@ -680,6 +684,21 @@ class ShellSession:
             state = SessionState(**{**state.__dict__, "cwd": self._cwd})
         self.set_state(state)
         return state
+
+
+def _after_cd(state: SessionState) -> list[str]:
+    """What the ``cd`` into the session's directory changed back: OLDPWD and the directory stack."""
+    old = state.variables.get("OLDPWD")
+    # -g: in script mode this runs inside __hermes_ret.
+    out = ["builtin declare -g" + old[len("declare"):] if old else "builtin unset -v OLDPWD"]
+    if state.dirstack and "[1]=" in state.dirstack:
+        out.append(
+            f"__hermes_ds={state.dirstack}; "
+            "for ((__hermes_i=${#__hermes_ds[@]}-1; __hermes_i>0; __hermes_i--)); do "
+            'builtin pushd -n -- "${__hermes_ds[__hermes_i]}" >/dev/null 2>&1; done; '
+            "builtin unset -v __hermes_ds __hermes_i"
+        )
+    return out
 
 
 def _resolve_cwd(session_cwd: str | None, cwd: str | None) -> str | None:

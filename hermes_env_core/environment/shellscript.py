@@ -98,6 +98,37 @@ def ansi_c_quote(text: str) -> str:
     return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
+#: One quoted word as ``declare -p`` prints values: "..." or $'...'.
+DECLARED_WORD = re.compile(r'"((?:[^"\\]|\\.)*)"|\$\'((?:[^\'\\]|\\.)*)\'', re.S)
+_C_ESCAPES = {"a": 7, "b": 8, "e": 27, "E": 27, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
+_C_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|u([0-9A-Fa-f]{1,4})|U([0-9A-Fa-f]{1,8})|c(.)|(.))", re.S)
+
+
+def declared_value(m: re.Match[str]) -> str:
+    """The text of a ``DECLARED_WORD`` match (bytes that are not UTF-8 as surrogate escapes)."""
+    if m.group(1) is not None:
+        return re.sub(r'\\(["$`\\])', r"\1", m.group(1))
+    out = bytearray()
+    body = m.group(2)
+    pos = 0
+    for e in _C_ESCAPE.finditer(body):
+        out += body[pos : e.start()].encode("utf-8", "surrogateescape")
+        octal, hexa, u4, u8, ctl, other = e.groups()
+        if octal is not None:
+            out.append(int(octal, 8) & 0xFF)
+        elif hexa is not None:
+            out.append(int(hexa, 16))
+        elif u4 is not None or u8 is not None:
+            out += chr(int(u4 or u8, 16)).encode("utf-8", "surrogatepass")
+        elif ctl is not None:
+            out.append(ord(ctl) & 0x1F)
+        else:
+            out += _C_ESCAPES[other].to_bytes(1, "big") if other in _C_ESCAPES else other.encode("utf-8", "surrogateescape")
+        pos = e.end()
+    out += body[pos:].encode("utf-8", "surrogateescape")
+    return out.decode("utf-8", "surrogateescape")
+
+
 def one_line(parts: list[str]) -> str:
     """Join statements into one physical line; text spanning lines goes through eval."""
     return "; ".join(p if "\n" not in p else "builtin eval " + ansi_c_quote(p) for p in parts)

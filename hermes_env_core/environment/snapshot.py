@@ -17,13 +17,14 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HermesEnvError, UsageError
 from .session import SessionState
+from .shellscript import DECLARED_WORD, ansi_c_quote, declared_value
 
 if TYPE_CHECKING:
     pass
@@ -232,9 +233,11 @@ def restored_state(
     cwd: str | None = None,
     passthrough: tuple[str, ...] = (),
     blocked: tuple[str, ...] = (),
+    relocate: Callable[[str], str | None] | None = None,
 ) -> SessionState:
     """The state a new session starts with: the snapshot's, plus the new shell's own secret-looking
-    variables (never captured, so never removed), in ``cwd`` when given."""
+    variables (never captured, so never removed), in ``cwd`` when given; ``relocate`` maps a
+    directory of the snapshot to where its files were restored (None: not restored)."""
     secret = _secret_names(baseline.variables, (), blocked)  # passthrough or not: never captured by default
     variables = dict(snap_state.variables)
     for name in secret:
@@ -242,7 +245,25 @@ def restored_state(
     out = dataclasses.replace(snap_state, variables=variables)
     if cwd is not None:
         out = dataclasses.replace(out, cwd=cwd)
+    if relocate is not None:
+        out = _relocated(out, relocate)
     return out
+
+
+def _relocated(state: SessionState, relocate: Callable[[str], str | None]) -> SessionState:
+    """OLDPWD and the directory stack moved with the files (paths outside them stay as they were)."""
+
+    def one(m: re.Match[str]) -> str:
+        new = relocate(declared_value(m))
+        return m.group(0) if new is None else ansi_c_quote(new)
+
+    variables = dict(state.variables)
+    old = variables.get("OLDPWD")
+    if old is not None:
+        head, eq, value = old.partition("=")
+        variables["OLDPWD"] = head + eq + DECLARED_WORD.sub(one, value, count=1)
+    dirstack = DECLARED_WORD.sub(one, state.dirstack) if state.dirstack else state.dirstack
+    return dataclasses.replace(state, variables=variables, dirstack=dirstack)
 
 
 # -- storing and reading ----------------------------------------------------------------------

@@ -40,7 +40,7 @@ from .snapshot import (
     state_to_json,
     store,
 )
-from .target import run_to_end
+from .handles import run_to_end
 
 if TYPE_CHECKING:
     from ..factory import EnvironmentFactory
@@ -223,17 +223,21 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
     tag = f"{'fork' if temporary else name}-{os.urandom(4).hex()}"
     labels = {"hermes-env.snapshot": name, "hermes-env.kind": "fork" if temporary else "snapshot"}
     try:
-        first = api.commit(cid, repository=_IMAGE_REPO, tag=tag + "-base", pause=False)["Id"]
+        # An untagged first commit: a run that dies half-way leaves only a dangling image, never a tag.
+        first = api.commit(cid, pause=False)["Id"]
         ws = cfg.workspace_path
         stream, _ = api.get_archive(cid, ws)
         data = b"".join(stream)
+        # The holder's labels override what the container's image carried (a restored snapshot's name).
         holder = api.create_container(first, ["true"], labels=labels, network_disabled=True)["Id"]
+        image = None
         try:
             api.put_archive(holder, posixpath.dirname(ws) or "/", data)
             image = api.commit(holder, repository=_IMAGE_REPO, tag=tag, pause=False)["Id"]
         finally:
             api.remove_container(holder, force=True)
-            api.remove_image(f"{_IMAGE_REPO}:{tag}-base")  # an untag: the image above keeps its layers
+            if image is None:
+                _forget_image(api, first)
     except Exception as exc:
         if isinstance(exc, HermesEnvError):
             raise
@@ -243,6 +247,13 @@ def _capture_docker(env: Any, name: str, workdir: Path, *, temporary: bool) -> F
     except Exception:  # noqa: BLE001 - only the listing shows it
         size = 0
     return FilesRef("image", ref=f"{_IMAGE_REPO}:{tag}", digest=image, size=size)
+
+
+def _forget_image(api: Any, image_id: str) -> None:
+    try:
+        api.remove_image(image_id)
+    except Exception:  # noqa: BLE001 - a dangling layer at worst; the error that got here is the one to report
+        pass
 
 
 def remove_image(snap: Snapshot) -> None:
@@ -431,7 +442,10 @@ def _start_from(env: BaseEnvironment, snap: Snapshot, state: SessionState, cwd: 
     passthrough = tuple(getattr(cfg, "env_passthrough", ()))
     blocked = tuple(getattr(cfg, "env_blocklist", ()))
     def start(baseline: SessionState) -> SessionState:
-        return restored_state(state, baseline, cwd=cwd, passthrough=passthrough, blocked=blocked)
+        return restored_state(
+            state, baseline, cwd=cwd, passthrough=passthrough, blocked=blocked,
+            relocate=(lambda p: _map(p, dirs)) if dirs else None,
+        )
 
     if env.session_mode == "server":
         env._server_runner().start_from = start  # noqa: SLF001 - the core's own hook

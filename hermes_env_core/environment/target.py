@@ -18,11 +18,7 @@ plugin built for another major version is refused at load.
 from __future__ import annotations
 
 import abc
-import errno
-import os
-import select
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
@@ -31,7 +27,7 @@ from ..errors import EnvironmentClosedError, EnvironmentUnavailable, TargetLostE
 from ..plugins.spec import API_VERSION, parse_api_version
 from .base import BaseEnvironment
 from .channel import ChannelStream
-from .handles import ProcessHandle
+from .handles import ProcessHandle, run_to_end
 from .options import EnvironmentConfig
 from .session import WrappedCommand
 
@@ -132,51 +128,15 @@ class Target(Protocol):
     # every command through it (see ``environment.channel``); raise
     # ``EnvironmentUnavailable`` when the target cannot be reached (that
     # command then goes through ``start``, which recovers a lost target).
+    #
+    #   def explain_exit(self, started: float) -> tuple[int, str] | None
+    #
+    # The session server's stream ended during a command that started at
+    # ``started`` (wall clock): ``(exit code, why)`` when the target can tell
+    # what ended it (the shell's own exit status, an OOM kill); None when it
+    # cannot, and the command then fails as an infrastructure error.
 
 
-_DRAIN_S = 0.2  # how long to keep reading after bash has exited (a background child may hold the pipe)
-
-
-def run_to_end(handle: ProcessHandle, *, timeout: float) -> tuple[int, bytes]:
-    """Read a started process's output to its end and reap it: (exit code, output).
-
-    Past ``timeout`` the handle is killed and ``TimeoutError`` raised.
-    """
-    stdout = handle.stdout
-    if stdout is None:
-        raise ValueError("run_to_end: the handle has no stdout")
-    fd = stdout.fileno()
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    exited_at: float | None = None
-    try:
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                handle.kill()
-                try:
-                    handle.wait(timeout=5.0)
-                except Exception:  # noqa: BLE001 - the timeout is the error to report
-                    pass
-                raise TimeoutError(f"helper script still running after {timeout:g}s; it was killed")
-            ready, _, _ = select.select([fd], [], [], min(deadline - now, 0.05))
-            if ready:
-                try:
-                    data = os.read(fd, 65536)
-                except OSError as exc:
-                    if exc.errno in (errno.EAGAIN, errno.EINTR):
-                        continue
-                    data = b""
-                if not data:
-                    break
-                chunks.append(data)
-            elif handle.poll() is not None:
-                exited_at = exited_at if exited_at is not None else now
-                if now - exited_at > _DRAIN_S:
-                    break
-    finally:
-        stdout.close()
-    return handle.wait(timeout=max(deadline - time.monotonic(), 5.0)), b"".join(chunks)
 
 
 _C = TypeVar("_C", bound=EnvironmentConfig)
@@ -279,6 +239,10 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
                     self._note(f"{self.name}: {why}; the target was recreated and the session state restored")
             stream = target.open_channel(argv)  # type: ignore[attr-defined]
             return stream
+
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        explain = getattr(self.target, "explain_exit", None)
+        return explain(started) if callable(explain) else None
 
     def _tree_alive(self, handle: ProcessHandle, wrapped: WrappedCommand) -> bool | None:
         probe = getattr(handle, "tree_alive", None)

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self, TypeGuard
 
 from ..environment.base import BaseEnvironment
 from ..errors import EnvironmentClosedError, HermesEnvError
@@ -38,6 +38,9 @@ from .process import (
 from .sandbox import DEFAULT_POLL, PollSettings, SandboxDriver
 from .sandbox_scripts import DEFAULT_BASE
 from .watch import DEFAULT_RATE_LIMIT, RateLimit, WatchPattern, WatchSpec, parse_watch
+
+if TYPE_CHECKING:
+    from ..backends.local import LocalEnvironment
 
 __all__ = ["ProcessNotFoundError", "ProcessRegistry", "env_key"]
 
@@ -72,7 +75,7 @@ def env_key(env: BaseEnvironment) -> str:
     return f"{env.name}:{env.task_id}"
 
 
-def _is_local(env: BaseEnvironment) -> bool:
+def _is_local(env: BaseEnvironment) -> TypeGuard[LocalEnvironment]:
     from ..backends.local import LocalEnvironment
 
     return isinstance(env, LocalEnvironment)
@@ -182,18 +185,18 @@ class ProcessRegistry:
             raise EnvironmentClosedError(f"{env.name} environment {env.task_id!r} is closed")
         patterns = parse_watch(watch)
         self.prune()
-        env._before_execute()
+        env.before_command()
         session = env.session
         script = session_script(session, command, cwd=cwd)
-        login = bool(getattr(env, "_login_each", False))
+        login = env.login_each
         pid_name = self._new_id()
         log_path = self._log_path(pid_name, log)
         log_file = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed with the process
         driver: Driver
         try:
             if _is_local(env) and not detached:
-                child_env = dict(env._env)  # type: ignore[attr-defined]
-                bash = env._bash  # type: ignore[attr-defined]
+                child_env = env.process_environment
+                bash = env.bash_path
                 if pty:
                     child_env.setdefault("TERM", "xterm")
                     driver = LocalPtyDriver(bash=bash, script=script, env=child_env, login=login, size=window)

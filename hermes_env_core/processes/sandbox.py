@@ -9,16 +9,14 @@ status and only the bytes past the offset already read.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
-import select
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..environment.base import BaseEnvironment
-from ..errors import BackendError, EnvironmentUnavailable, HermesEnvError, UnsupportedOperation
+from ..errors import EnvironmentUnavailable, HermesEnvError, UnsupportedOperation
 from . import sandbox_scripts as scripts
 from .process import ProcessError, ProcessStatus
 
@@ -76,37 +74,7 @@ def run_script(env: BaseEnvironment, script: str, *, timeout: float) -> tuple[in
     every poll would cost more than the poll, and saving it back could clobber
     what a concurrent foreground command just stored.
     """
-    handle = env._start_helper(script, timeout=timeout)  # a resident channel when one is idle
-    out = handle.stdout
-    if out is None:
-        raise BackendError(f"{env.name}: the process handle has no stdout")
-    fd = out.fileno()
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                handle.kill()
-                raise BackendError(f"{env.name}: a background-process helper did not finish in {timeout:g}s")
-            if not poller.poll(left * 1000.0):
-                continue
-            data = os.read(fd, 1 << 20)
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        out.close()
-    try:
-        code = handle.wait(timeout=10.0)
-    except BackendError:
-        raise
-    except Exception as exc:  # TimeoutExpired, TimeoutError, SDK errors
-        handle.kill()
-        raise BackendError(f"{env.name}: a background-process helper did not exit: {exc!r}") from exc
-    return code, b"".join(chunks)
+    return env.run_outside(script, timeout=timeout)
 
 
 class SandboxDriver:

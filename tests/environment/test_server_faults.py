@@ -113,6 +113,26 @@ class _FaultyLocal(LocalEnvironment):
         return wrapped
 
 
+def test_a_new_server_keeps_the_status_oldpwd_and_directory_stack(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with LocalEnvironment(cwd=str(tmp_path)) as env:
+        pid = _server_pid(env)
+        assert env.execute(f"cd a; cd ../b; pushd {tmp_path}/a >/dev/null; V=1; (exit 7)").exit_code == 7
+        os.kill(pid, signal.SIGKILL)
+        r = env.execute('echo "$?|$OLDPWD|${DIRSTACK[*]}|$PWD|$V"')
+        assert _new_server_noted(r.notes)
+        assert _server_pid(env) != pid
+        assert r.output == f"7|{tmp_path}/b|{tmp_path}/a {tmp_path}/b|{tmp_path}/a|1\n"
+        # under errexit, a failed last command's status is kept and does not end the new server
+        env.execute("set -e")
+        pid = _server_pid(env)
+        assert env.execute("! true").exit_code == 1  # a status errexit does not act on
+        os.kill(pid, signal.SIGKILL)
+        r = env.execute('echo "$?"; [[ -o errexit ]] && echo errexit')
+        assert r.output == "1\nerrexit\n" and _new_server_noted(r.notes)
+
+
 def test_stream_closed_mid_command() -> None:
     with _FaultyLocal() as env:
         env.execute("export HERMES_T_F=kept")

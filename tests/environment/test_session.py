@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hermes_env_core.environment.session import ansi_c_quote, kill_tree_script
-from hermes_env_core.environment.shellscript import stdin_statement
+from hermes_env_core.environment.shellscript import DECLARED_WORD, declared_value, stdin_statement
 
 
 @settings(max_examples=100, deadline=None)
@@ -71,3 +71,14 @@ def test_script_mode_without_ln_falls_back_to_eval():
         r = env.execute("set +x; echo $HERMES_T_FB")
         assert r.output.endswith("1\n")
         assert env.execute("echo plain").output == "plain\n"
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.binary(max_size=30).filter(lambda b: b"\0" not in b))
+def test_declared_words_decode_as_bash_printed_them(value: bytes) -> None:
+    """declare -p quotes a value as "..." or $'...'; declared_value reads back the same bytes."""
+    text = value.decode("utf-8", "surrogateescape")
+    script = f"V={ansi_c_quote(text)}; A=(x {ansi_c_quote(text)}); declare -p V A".encode("utf-8", "surrogateescape")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout.decode("utf-8", "surrogateescape")
+    words = [declared_value(m) for m in DECLARED_WORD.finditer(out)]
+    assert words == [text, "x", text]

@@ -292,3 +292,29 @@ def test_a_corrupt_snapshot_is_refused_whole(tmp_path, _store, how):
     assert cli_main(["snapshots"]) == 0  # listed as refused, and still removable
     assert cli_main(["snapshots", "rm", "bad"]) == 0
     assert not path.exists()
+
+
+_DIR_NAME = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/"), min_size=1, max_size=20
+).filter(lambda s: s not in (".", ".."))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(one=_DIR_NAME, two=_DIR_NAME)
+def test_oldpwd_and_the_directory_stack_move_with_the_files(tmp_path, one, two):
+    assume(one != two)
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    (work / one).mkdir()
+    (work / two).mkdir()
+    name = "dirs-" + secrets.token_hex(4)
+    with create_environment("local", cwd=str(work)) as env:
+        q1, q2 = ansi_c_quote(f"{work}/{one}"), ansi_c_quote(f"{work}/{two}")
+        # in `one`, came from `two`, with /usr (outside the snapshot) and `two` on the stack
+        r = env.execute(f"cd {q2} && pushd /usr >/dev/null && pushd {q1} >/dev/null && cd {q2} && cd {q1}; (exit 9)")
+        assert r.exit_code == 9, r.output
+        env.snapshot(name, paths=[str(work)])
+    with create_environment("local", snapshot=name) as new:
+        out = new.execute('printf "%s\\0" "$?" "$PWD" "$OLDPWD" "${DIRSTACK[@]}"').output.split("\0")[:-1]
+        [fresh] = _restored_dirs(Path(tempfile.gettempdir()))
+    # the first entry of DIRSTACK is $PWD itself
+    assert out == ["9", f"{fresh}/{one}", f"{fresh}/{two}", f"{fresh}/{one}", "/usr", f"{fresh}/{two}"]

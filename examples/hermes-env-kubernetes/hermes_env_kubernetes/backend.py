@@ -1,4 +1,4 @@
-"""The ``kubernetes`` backend: one pod per environment, each command an exec over websocket.
+"""The ``kubernetes`` backend: one pod per environment; the session runs in it over one exec websocket.
 
 The official ``kubernetes`` client is imported here only, when an environment
 is created. The pod is made on first use and deleted at close.
@@ -12,18 +12,16 @@ import os
 import re
 import secrets
 import select
-import shlex
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 from hermes_env_core.config import memory_bytes
-from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import KILL_TREE_FN
-from hermes_env_core.environment.target import RunRequest, TargetEnvironment
-from hermes_env_core.errors import BackendError, EnvironmentUnavailable, HermesEnvError
+from hermes_env_core.environment.target import RunRequest, TargetEnvironment, run_to_end
+from hermes_env_core.errors import BackendError, EnvironmentUnavailable, HermesEnvError, TargetLostError
 from hermes_env_core.sync import CommandFailedError, CommandTransport, SyncEngine
 
 from .config import KubernetesConfig
@@ -31,14 +29,13 @@ from .config import KubernetesConfig
 MANAGED = {"app.kubernetes.io/managed-by": "hermes-env"}
 EXT, CORE = ("extensions.agents.x-k8s.io", "v1alpha1"), ("agents.x-k8s.io", "v1alpha1")
 RBAC = "pods: create, get, list, delete; pods/exec: get, create; events: list"
-_LINGER_S = 0.5  # after bash reported, how long a background child may hold the stream
-# The script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read from
-# the exec's stdin by length, then the command's stdin follows (bounded too on v4, which cannot half-close).
-# Then a new `bash -c` runs it (a script past the argv limit: as its script file). The exported
-# nonce marks every process of the command, even one that left the tree (setsid, re-parented).
-_PRELUDE = ('__hermes_src=$(head -c "$1"; printf x); [[ $2 == - ]] || exec < <(head -c "$2")\n'
-            'export __hermes_exec=$3; (( ${#__hermes_src} < 60000 )) && exec bash $4 -c "${__hermes_src%x}" bash\n'
-            'exec bash $4 <(builtin printf %s "${__hermes_src%x}")')
+_LINGER_S = 0.5  # after bash reported, how long a background child may hold a helper's stream
+# A helper's script never goes in the exec URL (apiserver audit logs, /proc/*/cmdline): it is read
+# from the exec's stdin by length, then its stdin, bounded too (v4 cannot half-close stdin). The
+# exported nonce marks every process it starts, even one that left the tree (setsid, re-parented).
+_PRELUDE = ('export __hermes_exec=$3; __hermes_src=$(head -c "$1"; printf x); exec < <(head -c "$2") 2>&$4\n'
+            '(( ${#__hermes_src} < 60000 )) && exec bash $5 -c "${__hermes_src%x}" bash\n'
+            'exec bash $5 <(builtin printf %s "${__hermes_src%x}")')
 _FIND = ('m=__hermes_exec={0}; for p in /proc/[0-9]*; do mapfile -d "" -t e <"$p/environ" || continue; '
          '[[ " ${{e[*]}} " == *" $m "* ]] && __hermes_kill_tree {1} "${{p#/proc/}}"; done 2>/dev/null; true')
 
@@ -71,79 +68,94 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _wait_io(ws: Any, write: bool, timeout: float | None) -> bool:
-    """Wait, without holding the lock, until the socket is ready (TLS: read and write never overlap)."""
-    sock = ws.sock.sock
-    if not write and getattr(sock, "pending", lambda: 0)():
-        return True
-    r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], timeout)
-    return bool(r or w)
+class _Stream:
+    """One exec websocket as a byte stream (the core's ``ChannelStream``): stdin in, channel 1 out,
+    the exit code from channel 3 at the end. Reads and writes of one TLS socket never overlap:
+    each waits for readiness outside the lock and does its frame I/O inside it."""
 
-
-def _recv(ws: Any, lock: threading.Lock, keepalive: float) -> tuple[int, Any]:
-    """The next websocket frame; a ping after ``keepalive`` seconds of quiet."""
-    while not _wait_io(ws, False, keepalive):
-        with lock:
-            ws.sock.ping()
-    with lock:
-        return ws.sock.recv_data_frame(True)  # type: ignore[no-any-return]
-
-
-def _send(ws: Any, lock: threading.Lock, channel: int, data: bytes) -> None:
-    for i in range(0, max(len(data), 1), 16384):
-        _wait_io(ws, True, None)
-        with lock:
-            ws.write_channel(channel, data[i:i + 16384])
-
-
-class _Exec:
-    """One exec websocket as a process: channels 1 and 2 into a pipe, the exit code from channel 3."""
-
-    def __init__(self, ws: Any, stdin: bytes | None, keepalive: float, v5: bool, merge: bool = True) -> None:
-        r, self._w = os.pipe()
-        self.stdout = os.fdopen(r, "rb", buffering=0)
-        self.ws, self.returncode, self.error, self.killer, self.killed = ws, None, None, None, False
-        self.stderr, self._merge, self._code = b"", merge, 0
-        self._done, self._send = threading.Event(), threading.Lock()
-        self._keepalive = keepalive
+    def __init__(self, ws: Any, keepalive: float, pod: str) -> None:
+        self.ws, self._buf, self._keepalive, self.pod = ws, b"", keepalive, pod
+        self.code: int | None = None  # the exit status, once the status channel said it
+        self.error: str | None = None
+        self.ended: float | None = None  # when the status came (wall clock)
+        self.stderr = b""
+        self._lock = threading.Lock()
+        self.closed = False
         ws.sock.settimeout(None)
-        threading.Thread(target=self._pump, daemon=True).start()
-        if stdin is not None:
-            threading.Thread(target=self._feed, args=(stdin, v5), daemon=True).start()
 
-    def _feed(self, data: bytes, v5: bool) -> None:
-        try:
-            if data:
-                _send(self.ws, self._send, 0, data)
-            if v5:
-                with self._send:
-                    self.ws.close_channel(0)
-        except Exception:  # noqa: BLE001, S110 - the command exited without reading it all
-            pass
+    def _ready(self, write: bool, timeout: float | None) -> bool:
+        sock = self.ws.sock.sock
+        if not write and getattr(sock, "pending", lambda: 0)():
+            return True
+        return any(select.select([] if write else [sock], [sock] if write else [], [], timeout)[:2])
 
-    def _pump(self) -> None:
+    def read(self, n: int) -> bytes:
         from websocket import ABNF
 
         try:
-            while True:
-                op, frame = _recv(self.ws, self._send, self._keepalive)
-                if op == ABNF.OPCODE_CLOSE:
-                    break
+            while not self._buf:
+                while not self._ready(False, self._keepalive):
+                    with self._lock:
+                        self.ws.sock.ping()  # keeps a quiet stream open through proxies
+                with self._lock:
+                    op, frame = self.ws.sock.recv_data_frame(True)
                 data = frame.data if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) else b""
-                if data[:1] == b"\x01" or (data[:1] == b"\x02" and self._merge):
-                    os.write(self._w, data[1:]) if len(data) > 1 else None
-                elif data[:1] == b"\x02":
-                    self.stderr += data[1:]
-                elif data[:1] == b"\x03":
+                if data[:1] == b"\x03":  # the status, then the server closes (and the client answers)
                     st = json.loads(data[1:])
-                    if st.get("status") != "Success":
-                        causes = (st.get("details") or {}).get("causes") or [{}]
-                        if st.get("reason") != "NonZeroExitCode":
-                            raise BackendError(f"kubernetes: exec failed: {st.get('message')}")
-                        self._code = int(causes[0].get("message", 1))
-        except Exception as exc:  # noqa: BLE001 - surfaced by wait()
-            if self.returncode is None:
-                self.error = exc
+                    causes = (st.get("details") or {}).get("causes") or [{}]
+                    if st.get("status") == "Success" or st.get("reason") == "NonZeroExitCode":
+                        self.code, self.ended = int(causes[0].get("message", 0)), time.time()
+                    self.error = st.get("message")
+                if op == ABNF.OPCODE_CLOSE:
+                    self.error = None if self.code is not None else self.error or "the exec stream closed"
+                    return b""
+                self._buf = data[1:] if data[:1] == b"\x01" else b""
+                self.stderr = (self.stderr + data[1:])[-65536:] if data[:1] == b"\x02" else self.stderr
+        except Exception as exc:  # noqa: BLE001 - any failure is the end of the stream
+            self.error = self.error or repr(exc)
+            return b""
+        data, self._buf = self._buf[:n], self._buf[n:]
+        return data
+
+    def write(self, data: bytes) -> None:
+        try:
+            for i in range(0, len(data), 16384):
+                self._ready(True, None)
+                with self._lock:
+                    self.ws.write_channel(0, data[i:i + 16384])
+        except Exception as exc:
+            raise OSError(f"kubernetes: the exec stream is broken: {exc}") from exc
+
+    def close(self) -> None:
+        self.closed = True
+        self.ws.close()
+
+
+class _Proc:
+    """A helper process (``Target.start``) over a ``_Stream``: its output into a pipe, its exit code
+    from the status channel; ``kill()`` signals every process that carries its nonce."""
+
+    def __init__(self, stream: _Stream, feed: bytes, killer: Any) -> None:
+        r, self._w = os.pipe()
+        self.stdout: IO[bytes] | None = os.fdopen(r, "rb", buffering=0)
+        self.returncode: int | None = None
+        self.killed = False
+        self._stream, self._killer, self._done = stream, killer, threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._feed, args=(feed,), daemon=True).start()
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self._stream.write(data)
+        except OSError:
+            pass  # it exited without reading all of its stdin
+
+    def _pump(self) -> None:
+        try:
+            while data := self._stream.read(65536):
+                os.write(self._w, data)
+        except OSError:
+            pass  # nobody reads the output any more
         finally:
             os.close(self._w)
             self._done.set()
@@ -152,63 +164,35 @@ class _Exec:
         return self.wait(0) if self._done.is_set() else None
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(_LINGER_S if timeout is None else min(timeout, _LINGER_S)):
+        if self.returncode is None and not self._done.wait(_LINGER_S if timeout is None else min(timeout, _LINGER_S)):
             if timeout is not None and timeout <= _LINGER_S:
                 raise TimeoutError("command still running")
-            # bash has reported (the base waits only then); a background child holds the stream.
-            self.returncode = self._code
-            self.ws.close()
-        if self.error is not None and self.returncode is None and not self.killed:
-            raise BackendError(f"kubernetes: lost the exec stream: {self.error!r}") from self.error
-        self.returncode = self._code
-        return self._code
+            self._stream.close()  # bash has reported (the base waits only then); a child holds the stream
+            self.returncode = self._stream.code or 0
+        if self.returncode is None:
+            if self._stream.code is None and not self.killed:
+                raise BackendError(f"kubernetes: lost the exec stream: {self._stream.error}")
+            self.returncode = -9 if self._stream.code is None else self._stream.code
+        return self.returncode
 
     def terminate(self) -> None:
-        self.killed = True  # the stream may break as the tree dies: no transport error then
-        self.killer(True) if self.killer else None
+        self.killed = True
+        self._killer(True)
 
     def kill(self) -> None:
         self.killed = True
-        self.killer(False) if self.killer else self.ws.close()
+        self._killer(False)
 
-
-class _Channel:
-    """One exec websocket as the core's resident channel: stdin in, channel 1 out, the rest dropped."""
-
-    def __init__(self, ws: Any, keepalive: float) -> None:
-        self.ws, self._buf, self._lock, self._keepalive = ws, b"", threading.Lock(), keepalive
-        ws.sock.settimeout(None)
-
-    def read(self, n: int) -> bytes:
-        from websocket import ABNF
-
-        try:
-            while not self._buf:
-                op, frame = _recv(self.ws, self._lock, self._keepalive)
-                if op == ABNF.OPCODE_CLOSE or (op == ABNF.OPCODE_BINARY and frame.data[:1] == b"\x03"):
-                    return b""
-                if op in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data[:1] == b"\x01":
-                    self._buf = frame.data[1:]
-        except Exception:  # noqa: BLE001 - any failure is the end of the stream
-            return b""
-        data, self._buf = self._buf[:n], self._buf[n:]
-        return data
-
-    def write(self, data: bytes) -> None:
-        try:
-            _send(self.ws, self._lock, 0, data)
-        except Exception as exc:
-            raise OSError(f"kubernetes: the channel's exec stream is broken: {exc}") from exc
-
-    def close(self) -> None:
-        self.ws.close()
+    @property
+    def stderr(self) -> bytes:
+        return self._stream.stderr
 
 
 class PodTarget:
     """The ``Target``: a pod (or an agent-sandbox claim's pod) reached through the exec API."""
 
-    def __init__(self, config: KubernetesConfig, task_id: str, note: Any, on_recreate: Any) -> None:
-        self.config, self.task_id, self._note, self._on_recreate = config, task_id, note, on_recreate
+    def __init__(self, config: KubernetesConfig, task_id: str, on_recreate: Any) -> None:
+        self.config, self.task_id, self._on_recreate = config, task_id, on_recreate
         self._k8s = k8s = _k8s()
         cfg, conf = self.config, k8s.client.Configuration()
         path = cfg.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
@@ -233,7 +217,7 @@ class PodTarget:
         self._exec_lock, self._lock = threading.Lock(), threading.Lock()
         self.pod_name: str | None = None
         self.claim_name: str | None = None
-        self._v5: bool | None = None  # learnt from the first exec
+        self._streams: list[_Stream] = []  # the core's long-lived ones, for explain_exit
 
     # -- errors ------------------------------------------------------------------------------
     def _error(self, exc: Exception, doing: str) -> EnvironmentUnavailable:
@@ -298,7 +282,7 @@ class PodTarget:
             "warmPoolRef": {"name": cfg.sandbox_warm_pool}}
         claim = {"apiVersion": f"{EXT[0]}/{'v1alpha1' if cfg.sandbox_template else 'v1beta1'}", "kind": "SandboxClaim",
                  "metadata": {"name": name, "labels": {**MANAGED, **_owner()}}, "spec": ref}
-        version = claim["apiVersion"].split("/")[1]
+        version = str(claim["apiVersion"]).split("/")[1]
         try:
             self._custom.create_namespaced_custom_object(EXT[0], version, self.namespace, "sandboxclaims", claim)
             self.claim_name = name
@@ -395,78 +379,63 @@ class PodTarget:
             return exc.status == 404
         return pod.status.phase in ("Failed", "Succeeded") or pod.metadata.deletion_timestamp is not None
 
-    # -- exec ----------------------------------------------------------------------------------
-    def exec(self, script: str, stdin: bytes | None, *, login: bool = False, merge: bool = True,
-             command: bool = False) -> _Exec:
-        data = script.encode("utf-8", "surrogateescape")
-        nonce = secrets.token_hex(8)
-        for attempt in range(2):
-            pod = self._pod()
-            argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), "-" if self._v5 else str(len(stdin or b"")), nonce]
-            argv += ["-l"] if login else []
-            feed = data + (stdin or b"")
-            try:
-                with self._exec_lock:
-                    ws = self._k8s.stream.stream(
-                        self._exec_api.connect_get_namespaced_pod_exec, pod, self.namespace, command=argv,
-                        stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
-            except self._k8s.client.ApiException as exc:
-                if attempt or not self._lost(pod):
-                    raise self._error(exc, f"exec in pod {pod}") from exc
-                with self._lock:
-                    if self.pod_name == pod:
-                        self._release()
-                self._note(f"environment recreated: pod {pod} was gone; a new pod was started and the shell state "
-                           "restored (files written before are lost)")
-                self._on_recreate(command)
-                continue
-            self._v5 = ws.subprotocol == "v5.channel.k8s.io"
-            handle = _Exec(ws, feed, self.config.keepalive_s, self._v5, merge)
-            if command:
-                handle.killer = lambda graceful: self._kill(nonce, graceful)
-            return handle
-        raise AssertionError("unreachable")
+    # -- the Target protocol -------------------------------------------------------------
+    def open_channel(self, argv: Sequence[str]) -> _Stream:
+        """A long-lived exec with stdin: the core's session server and its kill stream run on it."""
+        stream = self._open(argv)
+        with self._lock:
+            self._streams = [s for s in self._streams if not s.closed][-8:] + [stream]
+        return stream
 
-    def open_channel(self, argv: Sequence[str]) -> _Channel:
-        """The core's resident channel (when the core offers one): a long-lived exec with stdin."""
+    def explain_exit(self, started: float) -> tuple[int, str] | None:
+        """The server's exec ended mid-command: its exit status tells, unless the pod is gone."""
+        ended = [s for s in self._streams if s.ended is not None and s.ended >= started and s.code is not None]
+        last = max(ended, key=lambda s: s.ended or 0.0, default=None)
+        if last is None or self._lost(last.pod):
+            return None
+        return last.code or 0, f"the session's shell in pod {last.pod} ended (exit {last.code})"
+
+    def _open(self, argv: Sequence[str], retry: bool = True) -> _Stream:
+        pod = self._pod()
         try:
-            pod = self._pod()
             with self._exec_lock:
                 ws = self._k8s.stream.stream(
                     self._exec_api.connect_get_namespaced_pod_exec, pod, self.namespace, command=list(argv),
                     stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
         except self._k8s.client.ApiException as exc:
-            raise self._error(exc, "open a channel") from exc
-        return _Channel(ws, self.config.keepalive_s)
+            if self._lost(pod):  # the core calls recover(), then opens the stream once more
+                raise TargetLostError(f"pod {pod} was gone; files written in it are lost") from exc
+            if exc.status == 0 and retry:  # the connection failed before any answer (a TLS handshake): once more
+                return self._open(argv, retry=False)
+            raise self._error(exc, f"exec in pod {pod}") from exc
+        return _Stream(ws, self.config.keepalive_s, pod)
 
-    def helper(self, script: str, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
-        """Run ``script`` outside the session: (exit code, stdout, stderr)."""
-        h = self.exec(script, stdin, merge=False)
-        out = h.stdout.read()
-        h._done.wait(30)
-        return h.wait(5), out, h.stderr
+    def start(self, request: RunRequest, stderr: int = 1) -> _Proc:
+        """``bash -c request.script``, stderr merged into stdout (``stderr=2``: kept apart, in ``_Proc.stderr``)."""
+        data, stdin, nonce = request.script.encode("utf-8", "surrogateescape"), request.stdin or b"", secrets.token_hex(8)
+        argv = ["bash", "-c", _PRELUDE, "bash", str(len(data)), str(len(stdin)), nonce, str(stderr)]
+        stream = self._open(argv + (["-l"] if request.login else []))
+        return _Proc(stream, data + stdin, lambda graceful: self._kill(nonce, graceful))
 
     def _kill(self, nonce: str, graceful: bool) -> None:
         """Signal every process of the command in the pod, found by the nonce in its environment."""
         try:
-            self.helper(KILL_TREE_FN + _FIND.format(nonce, "TERM" if graceful else "KILL"))
-        except HermesEnvError:
+            self.run_helper(KILL_TREE_FN + _FIND.format(nonce, "TERM" if graceful else "KILL"), timeout=30)
+        except (HermesEnvError, TimeoutError):
             pass  # the pod is gone, and the command with it
 
-    # -- the Target protocol ------------------------------------------------------------
-    def start(self, request: RunRequest) -> ProcessHandle:
-        return self.exec(request.script, request.stdin, login=request.login, command=True)
-
     def run_helper(self, script: str, *, timeout: float) -> tuple[int, bytes]:
-        code, out, err = self.helper(script)
-        return code, out + err
+        return run_to_end(self.start(RunRequest(script=script, timeout=timeout)), timeout=timeout)
 
     def state_dir(self) -> str:
-        return "/tmp"
+        return "/tmp"  # shared: the environment says so (state_dir_private), the core makes a private one in it
 
     def recover(self, why: str) -> bool:
         with self._lock:
-            self._release()  # the next command starts a new pod
+            if self.pod_name is None or not self._lost(self.pod_name):
+                return False  # not lost (a refused exec, a pod that cannot start): trying again would not help
+            self._release()  # the next exec starts a new pod
+        self._on_recreate()
         return True
 
     def release(self) -> None:
@@ -478,10 +447,8 @@ class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
     """Runs commands in a pod (or an agent-sandbox claim) made for this environment."""
 
     name = "kubernetes"
-    # Still on the resident channel of API 1.x: its pod recovery goes through start(); moving it
-    # onto the session server (recovery when open_channel finds the pod gone) is the next step.
-    session_server = False
     config_model = KubernetesConfig
+    state_dir_private = False  # the target's /tmp is shared: the session server makes a private directory in it
 
     def __init__(self, config: KubernetesConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -492,7 +459,7 @@ class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
         self.target  # noqa: B018 - loads the cluster configuration now; the pod comes with the first command
 
     def make_target(self, config: KubernetesConfig) -> PodTarget:
-        return PodTarget(config, self.task_id, self._note, self._recreated)
+        return PodTarget(config, self.task_id, self._recreated)
 
     @property
     def pod(self) -> PodTarget:
@@ -510,21 +477,17 @@ class KubernetesEnvironment(TargetEnvironment[KubernetesConfig]):
     def claim_name(self) -> str | None:
         return self.pod.claim_name
 
-    def _open_channel(self, argv: Sequence[str]) -> _Channel:
-        """The core's resident channel: one long-lived exec with stdin."""
-        return self.pod.open_channel(argv)
-
-    def _recreated(self, command: bool) -> None:
+    def _recreated(self) -> None:
         if self._sync is not None:
             self._sync.reset()  # the new pod gets every file again, before the command
-            if command:
-                self._sync.push(force=True)
+            self._sync.push(force=True)
 
     # -- files ---------------------------------------------------------------------------------
     def _sync_run(self, script: str, stdin: Any) -> bytes:
-        code, out, err = self.pod.helper(script, stdin if isinstance(stdin, bytes) else (stdin or b""))
+        proc = self.pod.start(RunRequest(script=script, stdin=stdin), stderr=2)  # stdout is a tar stream
+        code, out = run_to_end(proc, timeout=3600.0)
         if code != 0:
-            raise CommandFailedError(script, code, err)
+            raise CommandFailedError(script, code, proc.stderr)
         return out
 
     @property

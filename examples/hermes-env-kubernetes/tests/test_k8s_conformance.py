@@ -1,7 +1,7 @@
 """The whole hermes-env contract, through the exec websocket of the Kubernetes API emulator.
 
-Where the core has the resident channel (the ``channel`` option), the suite
-runs twice: through the channel (one long-lived exec), and one exec per command.
+The suite runs on the session server (one long-lived exec; v5, then an API
+server that offers only v4) and with ``channel=False`` (one exec per command).
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ class TestKubernetesConformance(EnvironmentConformance):
     def environment(self, make_env: Any) -> Any:
         env = make_env()
         yield env
-        if HAS_CHANNEL:
-            assert env.channel_mode == "channel"  # a silently refused channel fails here
+        assert env.session_mode == "server"  # the session lives in one exec stream of the pod
 
 
 class TestKubernetesConformanceV4(EnvironmentConformance):
-    """A server without v5: stdin cannot be half-closed, so it is bounded by length instead."""
+    """An API server without v5: the session server never half-closes its stream; helpers bound stdin by length."""
 
     hypothesis_examples = 10
 
     @pytest.fixture
     def environment(self, emu: Any, make_env: Any) -> Any:
         emu.exec_protocols = ("v4.channel.k8s.io",)
-        env = make_env(**({"channel": False} if HAS_CHANNEL else {}))
+        env = make_env()
         yield env
+        assert env.session_mode == "server"
         assert {e["protocol"] for e in emu.exec_log} <= {"v4.channel.k8s.io"}
 
 

@@ -27,6 +27,7 @@ def test_rbac_denied_exec_names_the_verbs(emu: Any, make_env: Any) -> None:
         env.execute("true")
     msg = str(info.value)
     assert 'cannot create resource "pods/exec"' in msg and "pods/exec: get, create" in msg
+    assert [p["metadata"]["name"] for p in emu.pods()] == [env.pod_name]  # a refused exec does not recreate the pod
 
 
 def test_image_pull_failure_from_events(emu: Any, make_env: Any) -> None:
@@ -36,6 +37,8 @@ def test_image_pull_failure_from_events(emu: Any, make_env: Any) -> None:
     msg = str(info.value)
     assert 'Failed to pull image "registry.invalid/nope:1"' in msg and "cannot start" in msg
     assert wait_until(lambda: emu.pods() == [], timeout=20)  # nothing left behind
+    # One pod tried: a pod that cannot start is not a lost one to recreate.
+    assert len({e["involvedObject"]["name"] for e in emu.store.list("events", "default")}) == 1
 
 
 def test_unschedulable_pod(emu: Any, make_env: Any) -> None:

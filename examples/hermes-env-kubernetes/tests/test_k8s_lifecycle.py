@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
+from hermes_env_core.errors import HermesEnvError
 from hermes_env_core.testing import wait_until
 
 
@@ -69,6 +72,44 @@ def test_deleted_pod_is_recreated_and_session_restored(emu: Any, make_env: Any) 
     assert r.output == "kept\n/tmp\nfn\n"
     assert env.pod_name != first
     assert any("recreated" in n and first in n for n in r.notes)
+
+
+def test_pod_lost_mid_command_fails_it_and_the_next_runs_on_a_new_pod(emu: Any, make_env: Any) -> None:
+    env = make_env()
+    env.execute("export KEEP=kept; cd /tmp")
+    first = env.pod_name
+    began, box = threading.Event(), {}
+
+    def run() -> None:
+        t = time.monotonic()
+        try:
+            box["result"] = env.execute("echo began; sleep 60", timeout=8, on_output=lambda _: began.set())
+        except HermesEnvError as exc:
+            box["error"] = exc
+        box["took"] = time.monotonic() - t
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    assert began.wait(30)
+    emu.delete_pod("default", first, 0)
+    worker.join(30)
+    assert not worker.is_alive() and box["took"] < 8 + 5, box
+    # An infrastructure error, or an exit status the target can vouch for; never a made-up 0 or 1.
+    assert "error" in box or box["result"].exit_code in (124, 137), box
+    r = env.execute("echo $KEEP; pwd")
+    assert r.output == "kept\n/tmp\n" and env.pod_name != first
+    assert any(first in n and "recreated" in n for n in r.notes), r.notes
+
+
+def test_session_files_live_in_a_private_directory(make_env: Any) -> None:
+    env = make_env()
+    env.execute("true")
+    d = env.session.state_dir
+    name = d.rsplit("/", 1)[-1]
+    assert d.startswith("/tmp/hermes-env-") and len(name) >= len("hermes-env-") + 32, d  # unguessable
+    mode, *entries = env.execute(f"stat -c '%a %U' {d}; ls -A /tmp").output.splitlines()
+    assert mode == "700 root" and name in entries
+    assert not {"bash", "in", "err"} & set(entries), entries  # nothing of the session's at a fixed name in /tmp
 
 
 def test_pod_whose_container_died_is_recreated(emu: Any, make_env: Any) -> None:

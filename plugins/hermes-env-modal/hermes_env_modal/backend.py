@@ -7,9 +7,11 @@ class for it: ``DirectModalEnvironment`` (modal SDK) or
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from hermes_env_core.environment.base import BaseEnvironment
+from hermes_env_core.environment.channel import ChannelStream
 from hermes_env_core.errors import ConfigError
 
 from .config import ModalConfig, resolve_mode
@@ -31,6 +33,14 @@ class ModalEnvironment(BaseEnvironment):
         target = _class_for(_merged(config, options)) if cls is ModalEnvironment else cls
         # type.__call__ then runs the subclass's __init__ with the same arguments.
         return super().__new__(target)
+
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        raise NotImplementedError  # direct mode's stream; the gateway runs one request to its end
+
+    @property
+    def offers_channel(self) -> bool:
+        """Direct mode runs the session server; managed mode one request per command."""
+        return type(self)._open_channel is not ModalEnvironment._open_channel
 
     @classmethod
     def check_requirements(cls) -> list[str]:

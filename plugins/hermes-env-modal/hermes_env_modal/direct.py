@@ -1,25 +1,30 @@
 """Direct mode: the modal SDK, with this machine's Modal token, drives one sandbox.
 
 Every SDK call is an ``.aio`` coroutine run on the environment's own event loop
-thread; commands are ``bash -c`` execs read as they stream. Timeout and cancel
-kill the command's process tree with a second exec and leave the sandbox up.
+thread. Commands run on the core's session server, one long-lived exec whose
+stdin and stdout are its stream (``_open_channel``); timeout and cancel kill
+the command's tree through a second one and leave the sandbox up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import secrets
 import threading
 import time
+import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hermes_env_core.environment.channel import ChannelStream
 from hermes_env_core.environment.handles import ProcessHandle
-from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
+from hermes_env_core.environment.server import BOOT_ARGV as SERVER_ARGV
+from hermes_env_core.environment.session import kill_tree_script
 from hermes_env_core.errors import (
     BackendError,
     ConfigError,
+    EnvironmentClosedError,
     EnvironmentUnavailable,
     HermesEnvError,
     PluginLoadError,
@@ -29,7 +34,7 @@ from hermes_env_core.errors import (
 from ._image import CHECK_SCRIPT, parse_check, requirement_message
 from ._kill import exec_head, find_pids_script, parse_pids
 from ._loop import EventLoopThread
-from ._process import OutputBridge, SandboxProcess, pump, write_stdin
+from ._stream import ExecStream, HelperProcess
 from .backend import ModalEnvironment
 from .config import ModalConfig, credentials_missing_message, default_snapshot_store, memory_mib
 from .snapshots import SnapshotStore
@@ -41,9 +46,7 @@ __all__ = ["DirectModalEnvironment"]
 
 log = logging.getLogger(__name__)
 
-# The SDK refuses exec arguments longer than 2**16 characters in all (and the
-# kernel one argv string over 128 KiB); longer scripts travel on stdin.
-_ARG_LIMIT = 60_000
+_LOST_WAIT_S = 5.0  # how long a lost server's exit status is waited for (it may come late)
 _CALL_S = 120.0  # bound on one SDK call that should answer at once (exec start, kill, terminate)
 
 
@@ -80,6 +83,10 @@ class DirectModalEnvironment(ModalEnvironment):
         self._store_key = f"direct:{self.task_id}"
         self._restored_from: str | None = None
         self._state = "/tmp"
+        self._server: tuple[Any, ExecStream | None] = (None, None)  # the latest server's sandbox and stream
+        self._streams: weakref.WeakSet[ExecStream] = weakref.WeakSet()  # the session's long-lived execs
+        self._last_used = time.monotonic()
+        self._let_go = False
         self._loop = EventLoopThread(f"hermes-env-modal-{self.task_id}")
         self._loop.start()
         try:
@@ -88,6 +95,11 @@ class DirectModalEnvironment(ModalEnvironment):
             self._loop.run(self._connect(token_id, token_secret), timeout=cfg.start_timeout)
             mappings = cfg.sync_mappings()
             self._check_image(needs_tar=bool(mappings))
+            if cfg.idle_timeout:
+                threading.Thread(
+                    target=_let_go_when_idle, args=(weakref.ref(self), cfg.idle_timeout / 2), daemon=True,
+                    name=f"hermes-env-modal-idle-{self.task_id}",
+                ).start()
             if mappings:
                 from hermes_env_core.sync import SyncEngine
 
@@ -211,74 +223,86 @@ class DirectModalEnvironment(ModalEnvironment):
     def _state_dir(self) -> str:
         return self._state
 
-    # -- running commands ---------------------------------------------------------
-    def _run_bash(
-        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
-    ) -> ProcessHandle:
-        token = secrets.token_hex(8)
-        head = exec_head(token)
-        argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
-        body = script.encode("utf-8", "surrogateescape")
-        upload: bytes | None = None
-        if stdin_data is not None:
-            # The session's private script: through stdin, never on the command line.
-            argv.append(head + "exec 2>&1; " + script)
-            upload = stdin_data
-        elif len(body) <= _ARG_LIMIT:
-            # stdin closed (no command waits on it); stderr merged from the first statement.
-            argv.append(head + "exec </dev/null 2>&1; " + script)
-        else:
-            # bash's source reads the whole script before running any of it.
-            argv.append(head + "exec 3<&0 </dev/null 2>&1; builtin source /dev/fd/3")
-            upload = b"exec 3<&-; " + body
-        bridge = OutputBridge(self._loop)
-        reaping = asyncio.Event()
-        done = self._start(argv, bridge, reaping, upload=upload, read_stderr=login)
-        return SandboxProcess(
-            self._loop, bridge, done, reaping, token=token, on_kill=lambda: self._kill_quietly(token)
-        )
+    # -- the session server's streams ------------------------------------------------
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        self._last_used = time.monotonic()
+        if self._let_go and tuple(argv) == SERVER_ARGV:
+            self._let_go = False
+            self._note(
+                f"modal: the session's execs were let go after {(self._cfg.idle_timeout or 0) / 2:g}s without a command, "
+                "so that Modal could end the idle sandbox (idle_timeout); its shell state was kept"
+            )
+        stream = self._open_stream(list(argv))
+        self._streams.add(stream)
+        return stream
 
-    def _start(
-        self, argv: list[str], bridge: OutputBridge, reaping: asyncio.Event, *, upload: bytes | None, read_stderr: bool
-    ) -> concurrent.futures.Future[int]:
-        """Start the exec (recreating an ended sandbox once); the future gives its exit code."""
+    def _command_begin(self) -> None:
+        self._last_used = time.monotonic()
+
+    def _command_usage(self, exit_code: int | None, started: float) -> None:
+        self._last_used = time.monotonic()
+
+    def _let_go_if_idle(self, idle_s: float) -> None:
+        # A running exec keeps a sandbox busy: idle_timeout could never end it.
+        if time.monotonic() - self._last_used < idle_s or self._has_live_processes():
+            return
+        with self._running_cv:
+            streams = [s for s in self._streams if not s.closed]
+            if self._running or not streams:
+                return
+            self._let_go = True
+            for stream in streams:
+                stream.close()
+
+    def _open_stream(self, argv: list[str], *, stderr: bool = False) -> ExecStream:
+        """Start ``argv`` as an exec (recreating an ended sandbox once); stdin and stdout its stream,
+        stderr dropped unless kept (``stream.stderr``)."""
+        st = self._stream_type
         for attempt in (1, 2):
             sandbox = self._sandbox
-            started: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            done = self._loop.submit(self._launch(sandbox, argv, bridge, reaping, started, upload, read_stderr))
+            if sandbox is None:
+                raise EnvironmentClosedError(f"modal environment {self.task_id!r} is closed")
             try:
-                started.result(_CALL_S)
-                return done
-            except concurrent.futures.TimeoutError:
-                done.cancel()
-                raise EnvironmentUnavailable(f"modal: starting a command got no answer within {_CALL_S:g}s") from None
+                proc = self._loop.run(
+                    sandbox.exec.aio(*argv, text=False, stdout=st.PIPE, stderr=st.PIPE if stderr else st.DEVNULL),
+                    timeout=_CALL_S,
+                )
             except Exception as exc:
                 if attempt == 1 and self._ended(sandbox, exc):
                     self._recreate(sandbox)
                     continue
                 raise self._translate(exc, "could not start the command") from exc
+            stream = ExecStream(self._loop, proc, stderr=stderr)
+            if tuple(argv) == SERVER_ARGV:
+                self._server = (sandbox, stream)
+            return stream
         raise AssertionError("unreachable")
 
-    async def _launch(
-        self,
-        sandbox: Any,
-        argv: list[str],
-        bridge: OutputBridge,
-        reaping: asyncio.Event,
-        started: concurrent.futures.Future[Any],
-        upload: bytes | None,
-        read_stderr: bool,
-    ) -> int:
-        st = self._stream_type
+    def _explain_lost(self, started: float) -> tuple[int, str] | None:
+        # The server's exec's own exit status, unless the whole sandbox ended (then it is lost).
+        sandbox, stream = self._server
+        if stream is None:
+            return None
         try:
-            proc = await sandbox.exec.aio(
-                *argv, text=False, stdout=st.PIPE, stderr=st.PIPE if read_stderr else st.DEVNULL
-            )
-        except BaseException as exc:
-            started.set_exception(exc)  # no handle reads the bridge yet: _start may retry with it
-            raise
-        started.set_result(proc)
-        return await pump(proc, bridge, read_stderr=read_stderr, upload=upload, reaping=reaping)
+            code = stream.exit_status.result(_LOST_WAIT_S)
+            if code <= 128 or self._loop.run(sandbox.poll.aio(), timeout=_LOST_WAIT_S) is not None:
+                return None
+        except Exception:  # noqa: BLE001 - cannot tell: an infrastructure error
+            return None
+        return code, f"the session's shell was killed by signal {code - 128}"
+
+    def _run_bash(
+        self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
+    ) -> ProcessHandle:
+        # Only helpers outside the session (background processes) come here; their script
+        # travels on stdin when it carries state (``stdin_mode``), else it is short.
+        token = secrets.token_hex(8)
+        argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
+        redirect = "" if stdin_data is not None else "</dev/null "
+        stream = self._open_stream([*argv, exec_head(token) + f"exec {redirect}2>&1; " + script])
+        return HelperProcess(
+            stream, stdin_data, on_kill=lambda: self._kill_quietly(token), name=f"hermes-env-modal-exec-{token}"
+        )
 
     def _ended(self, sandbox: Any, exc: BaseException) -> bool:
         """Whether ``exc`` says the sandbox itself is gone (timed out, terminated)."""
@@ -319,13 +343,7 @@ class DirectModalEnvironment(ModalEnvironment):
         if self._sync is not None:
             self._sync.push()
 
-    # -- timeout and cancel ---------------------------------------------------------
-    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
-        if not isinstance(handle, SandboxProcess):
-            handle.kill()
-            return
-        self._signal(handle, wrapped.pidfile, "TERM" if graceful else "KILL")
-
+    # -- killing a helper ------------------------------------------------------------
     def _kill_quietly(self, token: str) -> None:
         # ThreadedProcessHandle.kill(): the base class gave up waiting for the exit.
         try:
@@ -334,12 +352,6 @@ class DirectModalEnvironment(ModalEnvironment):
                 self.run_script("".join(kill_tree_script(p, "KILL") for p in pids))
         except Exception as exc:  # noqa: BLE001 - the wait that follows reports the outcome
             log.warning("modal: kill of exec %s failed: %r", token, exc)
-
-    def _signal(self, handle: SandboxProcess, pidfile: str | None, sig: str) -> None:
-        if not handle.pids:
-            handle.pids = self._find_pids(pidfile, handle.token)
-        if handle.pids:
-            self.run_script("".join(kill_tree_script(p, sig) for p in handle.pids))
 
     def _find_pids(self, pidfile: str | None, token: str) -> tuple[int, ...]:
         _, out, _ = self.run_script(find_pids_script(token, pidfile))
@@ -361,13 +373,13 @@ class DirectModalEnvironment(ModalEnvironment):
         out = asyncio.ensure_future(proc.stdout.read.aio())
         err = asyncio.ensure_future(proc.stderr.read.aio())
         if stdin is not None:
-            await write_stdin(proc, stdin)
+            for start in range(0, len(stdin), 1 << 20):  # one RPC each; the SDK buffers at most 16 MiB
+                proc.stdin.write(stdin[start : start + (1 << 20)])
+                await proc.stdin.drain.aio()
+            proc.stdin.write_eof()
+            await proc.stdin.drain.aio()
         code = await proc.wait.aio()
         return int(code), await out, await err
-
-    async def open_exec(self, argv: list[str]) -> Any:
-        """Start ``argv`` in the sandbox as a raw SDK process (for the sync transport)."""
-        return await self._sandbox.exec.aio(*argv, text=False)
 
     # -- errors ----------------------------------------------------------------------
     def _translate(self, exc: BaseException, what: str) -> BaseException:
@@ -429,3 +441,9 @@ class DirectModalEnvironment(ModalEnvironment):
                     log.debug("modal: closing the client failed: %r", exc)
         finally:
             self._loop.stop()
+
+
+def _let_go_when_idle(ref: weakref.ReferenceType[DirectModalEnvironment], idle_s: float) -> None:
+    while (env := ref()) is not None and not env._closing.wait(min(idle_s / 2, 1.0)):
+        env._let_go_if_idle(idle_s)
+        del env

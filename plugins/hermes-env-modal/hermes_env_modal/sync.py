@@ -8,17 +8,18 @@ Relative remote paths are taken from the sandbox's ``$HOME``.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import io
 import shlex
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hermes_env_core.errors import EnvironmentUnavailable, HermesEnvError
 from hermes_env_core.sync import CommandFailedError, CommandTransport, TransportError
+
+from ._stream import EXIT_STATUS_WAIT_S
 
 if TYPE_CHECKING:
     from .direct import DirectModalEnvironment
@@ -28,7 +29,6 @@ __all__ = ["ModalSyncTransport"]
 _READ = 256 * 1024  # bytes of the uncompressed archive read at a time
 _SEND = 1024 * 1024  # compressed bytes per stdin write RPC (the SDK takes at most 16 MiB)
 _SPOOL = 16 * 1024 * 1024  # downloaded archives larger than this go to a temp file
-_CALL_S = 600.0
 
 
 def _q(path: str) -> str:
@@ -39,84 +39,28 @@ def _home(script: str) -> str:
     return 'cd -- "$HOME" 2>/dev/null || cd /; ' + script
 
 
-class _Exec:
-    """One ``sh -c`` exec whose stdin is fed from the calling thread and whose
-    stdout and stderr are collected on the loop (stdout spooled to disk past 16 MiB)."""
-
-    def __init__(self, env: DirectModalEnvironment, script: str, *, keep_stdout: bool) -> None:
-        self._env = env
-        self.script = script
-        self._keep = keep_stdout
-        self.stdout: Any = tempfile.SpooledTemporaryFile(_SPOOL) if keep_stdout else None  # noqa: SIM115 - closed by close()
-        self._stderr = bytearray()
-        self._proc: Any = None
-        self._readers: list[asyncio.Future[Any]] = []
-        self._run(self._open())
-
-    def _run(self, coro: Any) -> Any:
-        try:
-            return self._env._loop.run(coro, timeout=_CALL_S)
-        except HermesEnvError as exc:
-            raise TransportError(f"modal sync: {exc}", transient=isinstance(exc, EnvironmentUnavailable)) from exc
-        except Exception as exc:
-            raise _transport_error(self._env, exc) from exc
-
-    async def _open(self) -> None:
-        self._proc = await self._env.open_exec(["sh", "-c", _home(self.script)])
-
-        async def collect(stream: Any, sink: Any) -> None:
-            async for chunk in stream:
-                sink.write(chunk)
-
-        out_sink = self.stdout if self._keep else io.BytesIO()
-        self._readers = [
-            asyncio.ensure_future(collect(self._proc.stdout, out_sink)),
-            asyncio.ensure_future(collect(self._proc.stderr, _ByteSink(self._stderr))),
-        ]
-
-    def write(self, data: bytes) -> None:
-        if data:
-            self._run(self._write(data, eof=False))
-
-    async def _write(self, data: bytes, *, eof: bool) -> None:
-        if data:
-            self._proc.stdin.write(data)
-        if eof:
-            self._proc.stdin.write_eof()
-        await self._proc.stdin.drain.aio()
-
-    def finish(self, *, stdin_used: bool) -> int:
-        """Close stdin, wait for the exit; raises ``CommandFailedError`` for a non-zero one."""
-        code = self._run(self._finish(stdin_used))
-        if code != 0:
-            self.close()
-            raise CommandFailedError(self.script, code, bytes(self._stderr))
-        if self.stdout is not None:
-            self.stdout.seek(0)
-        return code
-
-    async def _finish(self, stdin_used: bool) -> int:
-        if stdin_used:
-            await self._write(b"", eof=True)
-        code = await self._proc.wait.aio()
-        await asyncio.gather(*self._readers)
-        return int(code)
-
-    def close(self) -> None:
-        for reader in self._readers:
-            if not reader.done():
-                self._env._loop.call_soon(reader.cancel)
-        if self.stdout is not None:
-            self.stdout.close()
-
-
-class _ByteSink:
-    def __init__(self, buf: bytearray) -> None:
-        self._buf = buf
-
-    def write(self, data: bytes) -> None:
-        if len(self._buf) < 64 * 1024:
-            self._buf += data
+def _run(env: DirectModalEnvironment, script: str, stdin: Iterable[bytes], sink: Any) -> None:
+    """Run ``script`` under ``sh`` on an exec of its own: ``stdin`` written (then EOF), stdout into
+    ``sink``; ``CommandFailedError`` for a non-zero exit."""
+    try:
+        stream = env._open_stream(["sh", "-c", _home(script)], stderr=True)
+    except HermesEnvError as exc:
+        raise TransportError(f"modal sync: {exc}", transient=isinstance(exc, EnvironmentUnavailable)) from exc
+    try:
+        for chunk in stdin:
+            stream.write(chunk)
+        stream.finish_input()
+        while data := stream.read(_READ):
+            sink.write(data)
+        code = stream.exit_status.result(EXIT_STATUS_WAIT_S)
+    except (OSError, HermesEnvError):  # a broken stream (transient for the engine), no exit status in time
+        raise
+    except Exception as exc:
+        raise _transport_error(env, exc) from exc
+    finally:
+        stream.close()
+    if code != 0:
+        raise CommandFailedError(script, code, bytes(stream.stderr))
 
 
 def _transport_error(env: DirectModalEnvironment, exc: BaseException) -> TransportError:
@@ -134,27 +78,20 @@ class ModalSyncTransport:
         self._commands = CommandTransport(self._runner, stream_stdin=False)
 
     # -- FileSyncTransport ------------------------------------------------------------
-    def upload(self, remote_root: str, archive: BinaryIO, size: int) -> None:
+    def upload(self, remote_root: str, archive: BinaryIO, size: int | None) -> None:
         root = _q(remote_root)
         script = f"mkdir -p -- {root} && cd -- {root} && exec tar -x -z -o -f -"
-        job = _Exec(self._env, script, keep_stdout=False)
-        try:
-            z = zlib.compressobj(self._level, zlib.DEFLATED, 31)  # 31: gzip framing
-            pending = bytearray()
-            while True:
-                block = archive.read(_READ)
-                if not block:
-                    break
-                pending += z.compress(block)
-                if len(pending) >= _SEND:
-                    job.write(bytes(pending))
-                    pending.clear()
-            pending += z.flush()
-            job.write(bytes(pending))
-            job.finish(stdin_used=True)
-        except BaseException:
-            job.close()
-            raise
+        _run(self._env, script, self._gzip(archive), io.BytesIO())
+
+    def _gzip(self, archive: BinaryIO) -> Iterator[bytes]:
+        z = zlib.compressobj(self._level, zlib.DEFLATED, 31)  # 31: gzip framing
+        pending = bytearray()
+        while block := archive.read(_READ):
+            pending += z.compress(block)
+            if len(pending) >= _SEND:
+                yield bytes(pending)
+                pending.clear()
+        yield bytes(pending + z.flush())
 
     def delete(self, remote_root: str, files: Sequence[str], dirs: Sequence[str] = ()) -> None:
         self._commands.delete(remote_root, files, dirs)
@@ -168,13 +105,13 @@ class ModalSyncTransport:
         excl = " ".join(f"--exclude={shlex.quote(p)}" for p in exclude)
         # GNU tar exits 1 when a file changed while it was read; the archive is still whole.
         parts.append(f"tar -c -z -f - {excl} -- {target}; rc=$?; [ $rc -eq 1 ] && rc=0; exit $rc")
-        job = _Exec(self._env, "; ".join(parts), keep_stdout=True)
+        spool = tempfile.SpooledTemporaryFile(_SPOOL)  # noqa: SIM115 - handed on, or closed
         try:
-            job.finish(stdin_used=False)
+            _run(self._env, "; ".join(parts), (), spool)
         except BaseException:
-            job.close()
+            spool.close()
             raise
-        spool = job.stdout
+        spool.seek(0)
         if not spool.read(1):
             spool.close()
             return None
@@ -183,16 +120,10 @@ class ModalSyncTransport:
 
     # -- for CommandTransport (deletes) ---------------------------------------------------
     def _runner(self, script: str, stdin: bytes | BinaryIO | None) -> bytes:
-        job = _Exec(self._env, script, keep_stdout=True)
-        try:
-            if stdin is not None:
-                data = stdin if isinstance(stdin, (bytes, bytearray)) else stdin.read()
-                for start in range(0, len(data), _SEND):
-                    job.write(bytes(data[start : start + _SEND]))
-            job.finish(stdin_used=stdin is not None)
-            return job.stdout.read()
-        finally:
-            job.close()
+        data = stdin.read() if stdin is not None and not isinstance(stdin, (bytes, bytearray)) else stdin or b""
+        out = io.BytesIO()
+        _run(self._env, script, (data[i : i + _SEND] for i in range(0, len(data), _SEND)), out)
+        return out.getvalue()
 
 
 class _Gunzip(io.RawIOBase):

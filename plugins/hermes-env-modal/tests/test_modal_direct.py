@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import uuid
 from typing import ClassVar
 
@@ -18,7 +19,11 @@ from hermes_env_modal import ModalEnvironment
 from hermes_env_modal._loop import EventLoopThread
 from hermes_env_modal.direct import DirectModalEnvironment
 
+from conftest import load_emulator
+
+from hermes_env_core import ExecResult
 from hermes_env_core.errors import (
+    BackendError,
     ConfigError,
     EnvironmentClosedError,
     EnvironmentUnavailable,
@@ -191,18 +196,15 @@ def test_binary_stdout_of_a_helper_command_is_exact(modal_emu):
         assert code == 0 and out == data
 
 
-def test_script_over_the_argument_limit_runs_from_stdin(modal_emu):
+def test_a_script_over_the_sdk_argument_limit_runs(modal_emu):
+    # The SDK refuses exec arguments over 2**16 characters: the server reads a command
+    # from its stream, whatever its size.
     with ModalEnvironment(mode="direct", task_id=_task()) as env:
-        small = env.execute("v=short; echo $LINENO; no_such_cmd_hermes_t")
         payload = "y" * 150_000
-        big = env.execute(f"v='{payload}'; echo $LINENO; no_such_cmd_hermes_t")
-        assert big.exit_code == small.exit_code == 127
-        # Same line numbers either way. (bash may name the sourced pipe instead of
-        # "bash" in its messages; the local backend's large-script path does too.)
-        assert big.output.splitlines()[0] == small.output.splitlines()[0]
-        err = small.output.splitlines()[-1]
-        assert "no_such_cmd_hermes_t: command not found" in err
-        assert big.output.endswith(err[err.index("line ") :] + "\n")
+        big = env.execute(f"v='{payload}'; echo ${{#v}}; no_such_cmd_hermes_t")
+        assert big.exit_code == 127
+        assert big.output.splitlines()[0] == "150000"
+        assert big.output.splitlines()[-1].endswith("no_such_cmd_hermes_t: command not found")
         assert "__hermes" not in big.output
 
 
@@ -216,6 +218,45 @@ def test_an_ended_sandbox_is_replaced_and_the_shell_state_kept(modal_emu):
         assert r.output == "over\n/tmp\n"
         assert env.sandbox_id != old
         assert any("had ended" in n and old in n for n in r.notes)
+
+
+def test_sandbox_terminated_mid_command(fresh_modal_emu):
+    # With the service's latencies: the command gets an infrastructure error (or 124/137)
+    # within its timeout + 5 s, and the next one runs on a new server, in a new sandbox,
+    # with the checkpointed state and notes saying so.
+    for knob, value in load_emulator().REALISTIC.items():
+        setattr(fresh_modal_emu, knob, value)
+    with ModalEnvironment(mode="direct", task_id=_task()) as env:
+        env.execute("export HERMES_T_F=kept; cd /tmp")
+        old = env.sandbox_id
+        seen = threading.Event()
+        out: dict[str, object] = {}
+
+        def run() -> None:
+            t0 = time.monotonic()
+            try:
+                out["result"] = env.execute(
+                    "echo go; sleep 60", timeout=10, on_output=lambda text: "go" in text and seen.set()
+                )
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                out["error"] = exc
+            out["took"] = time.monotonic() - t0
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert seen.wait(30)
+        modal.Sandbox.from_id(old).terminate()
+        t.join(30)
+        assert not t.is_alive() and out["took"] < 10 + 5, out
+        result = out.get("result")
+        assert isinstance(out.get("error"), (BackendError, EnvironmentUnavailable)) or (
+            isinstance(result, ExecResult) and result.exit_code in (124, 137)
+        ), out
+        again = env.execute('echo "$HERMES_T_F"; pwd')
+        assert again.output == "kept\n/tmp\n"
+        assert any("new session server" in n for n in again.notes), again.notes
+        assert any("had ended" in n and old in n for n in again.notes), again.notes
+        assert env.sandbox_id != old and env.session_mode == "server"
 
 
 def test_ended_sandbox_not_replaced_when_recreate_is_off(modal_emu):

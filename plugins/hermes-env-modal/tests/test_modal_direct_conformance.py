@@ -14,11 +14,7 @@ from hermes_env_core.testing import EnvironmentConformance
 
 class TestModalDirectConformance(EnvironmentConformance):
     hypothesis_examples = 15  # each example is a round trip through the SDK
-    # The kill path signals bash's tree from bash's pid; a child that outlives
-    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
     known_gaps = {
-        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
-        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
         # Emulator artefact, not the backend: sandboxes here share this host's /tmp and
         # /dev/shm, so the test's harvest reads every hermes-env-* directory that every
         # test run on the machine left there and can outlast its 120 s timeout.
