@@ -16,8 +16,9 @@ on a terminal, reached over a WebSocket. Made to carry raw bytes:
 The relay. bash never reads the terminal with ``read -d``/``-N`` (those turn
 cbreak mode on while they read: signals and CR->NL back), so the program's
 stdin is a pipe fed by a demultiplexer that reads the terminal with plain
-``read`` and ``head -c``: the client sends ``D <n>\n`` and n bytes of data,
-or ``A <total>\n``, how many bytes of output it has received. The program's
+``read`` and ``head -c``: the client sends ``D <n>\n`` and n bytes of data
+(``T`` for a short chunk with no NUL, which bash reads itself: no fork), or
+``A <total>\n``, how many bytes of output it has received. The program's
 stdout is a pipe, copied to the terminal one ``dd`` read at a time, never more
 than ``_WINDOW`` bytes ahead of those acknowledgements: the daemon drops a
 client that falls 256 messages behind ("slow consumer"), and a fast writer
@@ -43,6 +44,7 @@ __all__ = ["NoBash", "PtyStream", "open_pty_stream"]
 _CHUNK = 32 * 1024  # one WebSocket message; the daemon drops a connection over 64 KiB
 _WINDOW = 256 * 1024  # output the sandbox may send ahead of the acknowledgements
 _ACK_EVERY = 64 * 1024
+_TEXT_MAX = 4096  # bash reads a pipe a byte at a time: beyond this, a fork of head costs less
 _BOOT_TIMEOUT_S = 30.0
 
 
@@ -63,6 +65,12 @@ def _word(text: str) -> str:
         else:
             out.append(c)
     return "$'" + "".join(out) + "'"
+
+
+def _frame(chunk: bytes) -> bytes:
+    """``T``: read by bash itself (no NUL, few bytes: no fork); ``D``: by ``head -c``."""
+    kind = b"T" if len(chunk) <= _TEXT_MAX and b"\0" not in chunk else b"D"
+    return b"%s %d\n%s" % (kind, len(chunk), chunk)
 
 
 class PtyStream:
@@ -141,7 +149,7 @@ class PtyStream:
             for i in range(0, len(data), _CHUNK):
                 chunk = bytes(data[i : i + _CHUNK])
                 try:
-                    self._handle.send_input(b"D %d\n%s" % (len(chunk), chunk) if self.framed else chunk)
+                    self._handle.send_input(_frame(chunk) if self.framed else chunk)
                 except Exception as exc:  # noqa: BLE001 - the SDK's DaytonaError, or a socket error
                     raise OSError(f"the PTY session's connection broke: {exc}") from exc
 
@@ -172,7 +180,11 @@ def open_pty_stream(sandbox: Any, argv: Sequence[str], *, pty_size: Any = None) 
         f"{{ exec setsid -w bash -c '{relay}' 2>/dev/null; exec bash -c '{relay}' 2>/dev/null; }}\n"
     )
     program = " ".join(_word(a) for a in argv)
-    demux = "while IFS=' ' read -r t n; do case $t in D) head -c \"$n\" || exit;; A) printf '%s\\n' \"$n\" >&5;; *) exit;; esac; done"
+    demux = (
+        "while IFS=' ' read -r t n; do case $t in D) head -c \"$n\" || exit;; "
+        "T) LC_ALL=C IFS= read -r -N \"$n\" x || exit; printf %s \"$x\";; "
+        "A) printf '%s\\n' \"$n\" >&5;; *) exit;; esac; done"
+    )
     pacer = (
         "s=0 a=0; while :; do while (( s - a >= " + str(_WINDOW) + " )); do IFS= read -r a <&5 || exit; done; "
         "while read -t 0 -u 5 && IFS= read -r a <&5; do :; done; dd bs=65536 count=1 2>&7 || exit; "

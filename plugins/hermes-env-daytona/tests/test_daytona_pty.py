@@ -125,6 +125,11 @@ def test_every_byte_value_passes_both_ways(echo_stream):
         assert _echo(echo_stream, bytes([byte])) == bytes([byte])
         assert _echo(echo_stream, b"\r\n" + bytes([byte]) * 3 + b"\n") == b"\r\n" + bytes([byte]) * 3 + b"\n"
     assert _echo(echo_stream, b"still here") == b"still here"
+    # a chunk with no NUL goes up as a frame bash reads itself: every other byte value, alone and together
+    no_nul = bytes(range(1, 256))
+    assert _echo(echo_stream, no_nul * 2) == no_nul * 2
+    for byte in no_nul:
+        assert _echo(echo_stream, bytes([byte]) * 2 + b"\\\n") == bytes([byte]) * 2 + b"\\\n"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
