@@ -1,7 +1,8 @@
-"""The Daytona backend: every command is a fresh bash run by the SDK's
-``process.exec`` in one sandbox per task id, created or resumed by name.
+"""The Daytona backend: one sandbox per task id, created or resumed by name.
 
-The daytona SDK is imported when an environment is created, never before.
+The session server runs in the sandbox over a PTY session of its daemon made
+to carry raw bytes (``_pty``); the SDK's ``process.exec`` is left for short
+helpers. The daytona SDK is imported when an environment is created, never before.
 """
 
 from __future__ import annotations
@@ -10,32 +11,19 @@ import importlib.metadata
 import logging
 import os
 import re
-import secrets
 import shlex
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes_env_core.environment.base import BaseEnvironment
-from hermes_env_core.environment.handles import ProcessHandle, ThreadedProcessHandle, Writer
-from hermes_env_core.environment.result import ExecResult
-from hermes_env_core.environment.session import WrappedCommand, kill_tree_script
+from hermes_env_core.environment.channel import ChannelStream
+from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError
 
 from . import _sdk
-from ._commands import (
-    ARG_LIMIT,
-    bash_line,
-    exports,
-    file_script,
-    file_session_line,
-    nonce_of,
-    session_line,
-    stub_session_line,
-    trailer_line,
-)
-from ._session import CommandFollower, SessionPool, StartedCommand, no_bash
+from ._pty import NoBash, open_pty_stream
 from .config import DaytonaConfig, memory_gib
 
 if TYPE_CHECKING:
@@ -45,25 +33,9 @@ __all__ = ["DaytonaEnvironment"]
 
 log = logging.getLogger(__name__)
 
-_AUX_TIMEOUT_S = 30  # kill, pid and output-polling commands
-#: The core exports a backend's configured env itself (``_preamble``) when it has that hook.
-_CORE_PREAMBLE = hasattr(BaseEnvironment, "_preamble")
+_AUX_TIMEOUT_S = 30  # helper scripts run by process.exec
 _TASK_LABEL = "hermes-env-task"
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class _Handle(ThreadedProcessHandle):
-    """Raises our own (already explained) errors as they are, others as the base does."""
-
-    notes: list[str]
-    forced: threading.Event
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(timeout):
-            raise TimeoutError("command still running")
-        if isinstance(self.error, EnvironmentUnavailable) and not self.killed:
-            raise self.error
-        return super().wait(0)
 
 
 class DaytonaEnvironment(BaseEnvironment):
@@ -78,8 +50,6 @@ class DaytonaEnvironment(BaseEnvironment):
     name = "daytona"
     #: a detached background process outlives close() only in a sandbox that is kept (stopped, not deleted)
     background_options: ClassVar[dict[str, Any]] = {"persistent": True}
-    stdin_mode = "heredoc"
-    records_pid = True
     config_model = DaytonaConfig
 
     def __init__(self, config: DaytonaConfig | None = None, **options: Any) -> None:
@@ -94,15 +64,10 @@ class DaytonaEnvironment(BaseEnvironment):
         self._ready_lock = threading.Lock()
         self._home: str | None = None
         self._home_of: str | None = None
-        self._live = threading.local()
-        self._sessions = SessionPool(_safe_name(f"hermes-{self.task_id}"))
-        self._pool: ThreadPoolExecutor | None = None
-        self._pids: dict[str, int] = {}
         self._resources = self._capped_resources()
         self._sync: SyncEngine | None = None
         self._push_lock = threading.Lock()
         self._sync_lost = False
-        self._state_lost = False  # a new sandbox: the session's private directory is elsewhere
         if cfg.sync:
             from hermes_env_core.sync import SyncEngine, SyncMapping
 
@@ -354,12 +319,6 @@ class DaytonaEnvironment(BaseEnvironment):
         # since a push holding the engine may itself be waiting for that lock.
         self._home = None
         self._sync_lost = True
-        self._state_lost = True
-
-    def _state_dir(self) -> str:
-        # The file API (private script uploads) reaches the user's home; the core
-        # makes the private 0700 directory inside this one.
-        return f"{self.home()}/.cache/hermes-env"
 
     def home(self) -> str:
         """The sandbox user's home directory (relative sync paths start there)."""
@@ -428,231 +387,49 @@ class DaytonaEnvironment(BaseEnvironment):
             self._sandbox = self._bring_up(fresh, resumed=False) if fresh is not None else self._acquire()
             return True
 
-    def execute(self, command: str, **kwargs: Any) -> ExecResult:
-        # Only a hint for _run_bash; the flow is the base class's. The SDK returns
-        # output when a command ends, so a caller watching it live (on_output)
-        # gets it from a file in the sandbox that is polled instead.
-        self._live.on = kwargs.get("on_output") is not None
-        try:
-            return super().execute(command, **kwargs)
-        finally:
-            self._live.on = False
+    # -- the stream ----------------------------------------------------------------
+    def _open_channel(self, argv: Sequence[str]) -> ChannelStream:
+        """``argv`` behind a PTY session made raw (``_pty``); a stopped sandbox is started
+        first, a deleted one made again (with a note)."""
+        for attempt in (1, 2):
+            sb = self._ready()
+            try:
+                return open_pty_stream(sb, argv)
+            except NoBash:
+                raise EnvironmentUnavailable(
+                    f"daytona: sandbox {self.sandbox_name} has no bash; hermes-env needs bash >= 4.4 in the "
+                    "image: use an image that has it (python:3.12-slim, debian, ubuntu, Daytona's default "
+                    "snapshot) or add it (apk add bash)"
+                ) from None
+            except (self._sdk.DaytonaError, EnvironmentUnavailable) as exc:
+                if attempt == 1 and self._revived_after(sb, exc):
+                    continue
+                if isinstance(exc, EnvironmentUnavailable):
+                    raise
+                raise self._error(exc, "opening a PTY session") from exc
+        raise AssertionError("unreachable")
 
     def _run_bash(
         self, script: str, *, login: bool, timeout: float | None, stdin_data: bytes | None
     ) -> ProcessHandle:
-        self._ready()  # raise here, not from the handle, when the sandbox cannot run
-        remap = getattr(self._live, "remap", None)
-        if remap is not None:
-            self._live.remap = None
-            script = script.replace(remap[0], remap[1])
-        # The frame's nonce is in the script, or (private script in a file) in what
-        # _put_private_file just wrote for this thread.
-        private_nonce = getattr(self._live, "nonce", None)
-        self._live.nonce = None
-        nonce = private_nonce or nonce_of(script)
-        end = None if nonce is None else f"\x1e{nonce}:E\n"
-        token = secrets.token_hex(12)
-        trailer = trailer_line(token)
-        if private_nonce is not None:
-            # The core's stub, its private script already in the session's 0700 directory.
-            line = stub_session_line(script, login=login, token=token)
-        else:
-            # A script that may hold state or values: never an argument, always the here-document.
-            if not _CORE_PREAMBLE:
-                script = exports(self._cfg.env) + script
-            line = session_line(script, login=login, token=token)
-        if len(line.encode("utf-8", "surrogateescape")) > ARG_LIMIT:
-            # A large script (a large session, a large stdin) goes up as a private file that
-            # deletes itself as it starts, and the session command only names it.
-            path = f"{self.home()}/.cache/hermes-env/run-{nonce or secrets.token_hex(12)}.sh"
-            self._upload(file_script(script), path)
-            line = file_session_line(path, login=login, token=token)
-        live = bool(getattr(self._live, "on", False))
-        stop = threading.Event()
-        forced = threading.Event()  # SIGKILL sent: no end record will come
-        notes: list[str] = []
-
-        def target(write: Writer) -> int:
-            started = self._start_command(line)
-            follower = CommandFollower(
-                self, started, end=end, trailer=trailer, write=write, live=live, stop=stop, forced=forced, note=notes.append,
-                spawn=self._workers().submit,
+        # Outside the session (helpers): a command on a resident channel, another PTY stream.
+        pool = self._channel_pool()
+        channel = pool.acquire() if pool is not None else None
+        if channel is None:
+            raise EnvironmentUnavailable(
+                "daytona: commands run over the sandbox's PTY sessions, which this environment cannot "
+                "use (channel=False, or refused); turn channel back on"
             )
-            reusable = False
-            try:
-                code = follower.wait()
-                reusable = code is not None
-            finally:
-                self._after_command(started, reusable=reusable)
-            if code == 127 and not follower.framed and no_bash(follower.output):
-                raise BackendError(
-                    f"daytona: sandbox {self.sandbox_name} has no bash ({follower.output.strip()[:200]!r}); "
-                    "hermes-env needs bash >= 4.4 in the image: use an image that has it (python:3.12-slim, "
-                    "debian, ubuntu, Daytona's default snapshot) or add it (apk add bash)"
-                )
-            if code is None:
-                if stop.is_set():
-                    return -1  # killed: the base class reports the timeout or the cancel
-                if follower.framed:
-                    return 0  # the status the command's bash recorded in its frame stands
-                raise BackendError("daytona: the daemon reported no exit status for the command")
-            if code < 0:
-                # The daemon's -1: ended by a signal it does not name. Never a made-up status.
-                raise BackendError(
-                    f"daytona: the daemon reports exit code {code} for the command (ended by a signal it does "
-                    "not name, or never started); its real exit status is unknown"
-                )
-            return code
-
-        handle = _Handle(target, on_kill=stop.set, name="hermes-daytona-exec")
-        handle.notes = notes
-        handle.forced = forced
-        return handle
-
-    def _workers(self) -> ThreadPoolExecutor:
-        """Threads for requests made in parallel with a status poll (a command's logs)."""
-        pool = self._pool
-        if pool is None:
-            with self._ready_lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hermes-daytona-poll")
-                pool = self._pool
-        return pool
-
-    def _start_command(self, line: str) -> StartedCommand:
-        """Hand ``line`` to an idle daemon session (made when none is idle); the command's id.
-
-        A failure before the daemon accepted the command is retried once after
-        bringing a stopped sandbox back, or in a new session when the daemon
-        lost the one taken (it restarted): the command cannot have run.
-        """
-        sdk = self._sdk
-        request = sdk.SessionExecuteRequest(command=line, run_async=True)
-        for attempt in (1, 2):
-            sb = self._ready()
-            sid, new = self._sessions.take(sb)
-            try:
-                if new:
-                    _sdk.call_with_rate_limit(lambda: sb.process.create_session(sid, request_timeout=_AUX_TIMEOUT_S))
-                resp = _sdk.call_with_rate_limit(
-                    lambda: sb.process.execute_session_command(sid, request, timeout=_AUX_TIMEOUT_S)
-                )
-            except sdk.DaytonaNotFoundError as exc:
-                # The sandbox is gone (recreated by _revived_after), or the daemon no longer
-                # has this session (it restarted): either way a new session, once.
-                self._sessions.forget(sb.id)
-                if attempt == 1:
-                    self._revived_after(sb, exc)
-                    continue
-                raise self._error(exc, "starting the command", BackendError) from exc
-            except sdk.DaytonaError as exc:
-                if attempt == 1 and self._revived_after(sb, exc):
-                    self._sessions.forget(sb.id)
-                    continue
-                raise self._error(exc, "starting the command", BackendError) from exc
-            cmd_id = getattr(resp, "cmd_id", None)
-            if not cmd_id:
-                raise BackendError("daytona: the daemon accepted the command but gave no command id")
-            return StartedCommand(sb, sid, str(cmd_id))
-        raise AssertionError("unreachable")
-
-    def _after_command(self, started: StartedCommand, *, reusable: bool) -> None:
-        if reusable and self._sandbox is started.sandbox:
-            self._sessions.give_back(started.sandbox.id, started.session_id)
-            return
-
-        # Still busy (a killed command may run on) or unknown: not reused; removed in the background.
-        def drop() -> None:
-            try:
-                started.sandbox.process.delete_session(started.session_id, request_timeout=_AUX_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - best effort
-                log.debug("daytona: deleting session %s failed: %s", started.session_id, exc)
-
-        threading.Thread(target=drop, name="hermes-daytona-drop-session", daemon=True).start()
-
-    def _state_now(self) -> str:
-        """The sandbox's state, asked of the API now ("unknown" when that fails)."""
-        sb = self._sandbox
-        if sb is None:
-            return "gone"
-        try:
-            sb.refresh_data()
-        except self._sdk.DaytonaNotFoundError:
-            return "deleted"
-        except self._sdk.DaytonaError:
-            return "unknown"
-        return _sdk.state_of(sb)
+        return channel.start(script, login=login, stdin_data=stdin_data)
 
     def run_script(self, script: str, what: str, *, timeout: int | None = _AUX_TIMEOUT_S) -> Any:
         """Run a short bash ``script`` in the sandbox; the SDK's response (``exit_code``, ``result``)."""
-        return self._exec(bash_line(script, login=False), timeout=timeout, what=what)
-
-    def _aux(self, script: str, what: str) -> str:
-        """A short helper script's output; BackendError when it cannot run."""
-        return self.run_script(script, what).result or ""
+        return self._exec(f"exec bash -c {shlex.quote(script)}", timeout=timeout, what=what)
 
     def _preamble(self) -> str:
-        """The configured ``env``, exported at the top of the private script (never on a command line)."""
-        return exports(self._cfg.env).rstrip("; ")
-
-    def _put_private_file(self, path: str, data: bytes) -> None:
-        """The private wrapper script, written into the session's 0700 directory before bash starts."""
-        self._live.nonce = nonce_of(data.decode("utf-8", "surrogateescape"))
-        self._live.remap = None
-        try:
-            self._upload(data, path)
-        except BackendError:
-            if not self._state_lost or self._session is None:
-                raise
-            # The sandbox was recreated while the script went up: its private
-            # directory is in the lost sandbox's home. Move the session to a new
-            # one and send this command there (its stub is rewritten to match).
-            old = self.session.state_dir
-            self._state_lost = False
-            new = self._make_private_dir(self._state_dir())
-            self.session.state_dir = new
-            self._live.remap = (old, new)
-            self._upload(data.replace(old.encode(), new.encode()), path.replace(old, new))
-
-    def _upload(self, data: bytes, path: str) -> None:
-        """Upload ``data`` to ``path``; retried once after bringing a stopped sandbox back."""
-        for attempt in (1, 2):
-            sb = self._ready()
-            try:
-                sb.fs.upload_file(data, path)
-                return
-            except self._sdk.DaytonaError as exc:
-                if attempt == 1 and self._revived_after(sb, exc):
-                    continue
-                raise self._error(exc, f"uploading {path}", BackendError) from exc
-
-    def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
-        # Only the command's own process tree: the sandbox and other commands run on.
-        forced = getattr(handle, "forced", None)
-        if not graceful and forced is not None:
-            forced.set()
-        try:
-            pid = self._pid_of(wrapped)
-            if pid is not None:
-                self._aux(kill_tree_script(pid, "TERM" if graceful else "KILL"), "stopping a command")
-        except HermesEnvError as exc:
-            log.warning("daytona: could not stop the command: %s", exc)
-
-    def _pid_of(self, wrapped: WrappedCommand) -> int | None:
-        pid = self._pids.get(wrapped.nonce)
-        if pid is not None:
-            return pid
-        text = self._aux(
-            f"IFS= read -r l <{shlex.quote(wrapped.pidfile)} 2>/dev/null; printf '%s' \"$l\"",
-            "finding the command's process",
-        )
-        # None while the file still holds an earlier command's pid (same slot), or none yet.
-        pid = wrapped.pid_from(text)
-        if pid is not None:
-            self._pids.clear()  # one entry is enough: commands are stopped one at a time
-            self._pids[wrapped.nonce] = pid
-        return pid
+        """The configured ``env``, exported when the server starts (never on a command line)."""
+        env = self._cfg.env
+        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) if env else ""
 
     # -- files --------------------------------------------------------------------
     @property
@@ -661,11 +438,6 @@ class DaytonaEnvironment(BaseEnvironment):
 
     def _before_execute(self) -> None:
         self._ready()
-        if self._state_lost and self._session is not None:
-            # The session's private directory was in the lost sandbox's home:
-            # make one in the new sandbox (the state itself lives in Python).
-            self._state_lost = False
-            self.session.state_dir = self._make_private_dir(self._state_dir())
         if self._sync is None:
             return
         # A push in progress in another thread is not waited for: commands do not queue behind a sync.
@@ -707,13 +479,10 @@ class DaytonaEnvironment(BaseEnvironment):
                 errors.append(exc)
                 log.warning("daytona: pulling files back from %s failed: %s", self.sandbox_name, exc)
         if sb is not None and _sdk.state_of(sb) == "started":
-            try:  # the session's files: they describe this environment only
-                private = getattr(self._session, "state_dir", None)
-                if private and private != self._state_dir():
+            private = getattr(self._runner, "private_dir", None)
+            try:  # the session's private directory: it describes this environment only
+                if private:
                     self.run_script(f"rm -rf -- {shlex.quote(private)}", "tidying up")
-                else:
-                    pattern = shlex.quote(f"{self._state_dir()}/.hermes-{self.task_id}-")
-                    self.run_script(f"rm -f -- {pattern}*", "tidying up")
             except HermesEnvError:
                 pass
         if sb is not None:
@@ -729,8 +498,6 @@ class DaytonaEnvironment(BaseEnvironment):
                 verb = "stopping" if self._cfg.persistent else "deleting"
                 errors.append(self._error(exc, f"{verb} sandbox {self.sandbox_name}"))
         self._sandbox = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
         # The sync client has no close(); its event connection is the only thing it keeps open.
         dispatcher = getattr(self._client, "_event_dispatcher", None)
         try:

@@ -68,11 +68,12 @@ class DaytonaSyncTransport:
         return res.result or ""
 
     # -- FileSyncTransport ------------------------------------------------------
-    def upload(self, remote_root: str, archive: BinaryIO, size: int) -> None:
+    def upload(self, remote_root: str, archive: BinaryIO, size: int | None) -> None:
         root = self._root(remote_root)
         staged = self._staging(".tar")
         sb = self._call("starting the sandbox", self._env._ready)
-        self._call(f"uploading {size} bytes to {staged}", sb.fs.upload_file_stream, archive, staged)
+        what = f"uploading {size} bytes" if size is not None else "uploading an archive"
+        self._call(f"{what} to {staged}", sb.fs.upload_file_stream, archive, staged)
         q, r = shlex.quote(staged), shlex.quote(root)
         self._run(
             f"mkdir -p -- {r} && tar -x -o -f {q} -C {r}; rc=$?; rm -f -- {q}; exit $rc",

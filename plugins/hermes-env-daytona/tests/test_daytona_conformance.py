@@ -21,16 +21,6 @@ class TestDaytonaConformance(EnvironmentConformance):
 
     # Every example is a round trip through the SDK and the emulator's HTTP server.
     hypothesis_examples = 25
-    # The kill path signals bash's tree from bash's pid; a child that outlives
-    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
-    known_gaps = {
-        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
-        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
-        # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
-        # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
-        "test_messages_read_as_bash": "messages name /dev/fd/3, not bash",
-        "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
-    }
 
     @pytest.fixture
     def environment(self, emu, make_env):
@@ -42,16 +32,6 @@ class TestDaytonaConformanceBashImage(EnvironmentConformance):
     """A sandbox whose daemon runs commands with bash (a Debian-based image such as python:3.12-slim)."""
 
     hypothesis_examples = 10
-    # The kill path signals bash's tree from bash's pid; a child that outlives
-    # bash after SIGTERM, or that called setsid, escapes it (issue 11, point 3).
-    known_gaps = {
-        "test_timeout_kills_a_child_that_ignores_term_after_bash_exited": "kill path loses children once bash exits",
-        "test_timeout_kills_a_setsid_descendant": "kill path does not follow setsid descendants",
-        # The daemon session runs `bash /dev/fd/3` on a here-document, so bash's
-        # messages say "/dev/fd/3: line N" where `bash -c` says "bash: line N".
-        "test_messages_read_as_bash": "messages name /dev/fd/3, not bash",
-        "test_differential_against_one_long_lived_bash": "messages name /dev/fd/3, not bash",
-    }
 
     @pytest.fixture
     def environment(self, emu, make_env):

@@ -39,7 +39,10 @@ def test_key_revoked_during_a_session(emu, make_env):
     env = make_env()
     env.execute("true")
     emu.api_key = "rotated"
-    with pytest.raises(BackendError, match="401"):
+    # The open stream was authorized when it was opened; a new one is refused.
+    assert env.execute("echo still").output == "still\n"
+    env.execute("exit 0")  # the server ends: the next command needs a new stream
+    with pytest.raises(EnvironmentUnavailable, match="401|credentials|Unauthorized"):
         env.execute("echo never")
 
 
@@ -51,13 +54,15 @@ def test_server_error_on_create(emu, make_env):
     assert env.execute("echo recovered").output == "recovered\n"
 
 
-def test_server_error_during_a_command(emu, make_env):
+def test_server_error_opening_a_stream(emu, make_env):
     env = make_env()
-    env.execute("true")
-    emu.fail_next(500, method="POST", path=r"/process/session/[^/]+/exec$")
-    with pytest.raises(BackendError, match=r"HTTP 500"):
+    env.execute("export KEEP=1")
+    env.execute("exit 0")  # the server ends: the next command opens a new PTY session
+    emu.fail_next(500, method="GET", path=r"/process/pty/create-connect$")
+    with pytest.raises(EnvironmentUnavailable, match=r"HTTP 500"):
         env.execute("echo lost")
-    assert env.execute("echo next").output == "next\n"
+    r = env.execute("echo $KEEP")
+    assert r.output == "1\n"
 
 
 def test_rate_limit_on_create_is_retried(emu, make_env):

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 from .control import ControlPlane
 from .errors import SOURCE_API, HttpError
 from .events import EventHub
+from .ptys import PtyService
 from .images import DEBIAN, DEFAULT_PROFILES, ImageProfile, profile_for
 from .sandboxes import EmulatedSandbox
 from .toolbox import Toolbox
@@ -134,6 +135,16 @@ class _Handler(BaseHTTPRequestHandler):
         if path.rstrip("/") == SOCKETIO_PATH:
             emu.events.handle(self)
             return
+        pty_route = PtyService.WS_PATH.match(path)
+        if pty_route is not None and (self.headers.get("Upgrade") or "").lower() == "websocket":
+            if emu.latency > 0:
+                time.sleep(emu.latency)
+            refused = emu.ptys.upgrade(self, pty_route, parse_qs(url.query, keep_blank_values=True))
+            emu.record(RequestRecord(self.command, path, url.query, refused.status if refused else 101))
+            if refused is not None:
+                self.close_connection = True
+                self._send(refused)
+            return
         try:
             body = self._read_body()
         except (ValueError, HttpError):
@@ -237,7 +248,10 @@ class DaytonaEmulator:
         self.events = EventHub(self)
         self._router = Router()
         ControlPlane(self).register(self._router, API_PREFIX)
-        Toolbox(self).register(self._router, TOOLBOX_PREFIX)
+        toolbox = Toolbox(self)
+        toolbox.register(self._router, TOOLBOX_PREFIX)
+        self.ptys = PtyService(self)
+        self.ptys.register(self._router, TOOLBOX_PREFIX, toolbox.running)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -496,7 +510,7 @@ class DaytonaEmulator:
         self.set_state(sb, "destroyed")
 
     # ----------------------------------------------------------------- dispatch
-    def _take_failure(self, method: str, path: str) -> InjectedFailure | None:
+    def take_failure(self, method: str, path: str) -> InjectedFailure | None:
         with self.lock:
             for failure in self._failures:
                 if failure.matches(method, path):
@@ -506,15 +520,15 @@ class DaytonaEmulator:
                     return failure
         return None
 
-    def _authorized(self, req: Request) -> bool:
+    def authorized(self, req: Request) -> bool:
         return secrets.compare_digest(req.headers.get("Authorization", ""), f"Bearer {self.api_key}")
 
     def handle(self, req: Request) -> Response:
         try:
-            failure = self._take_failure(req.method, req.path)
+            failure = self.take_failure(req.method, req.path)
             if failure is not None:
                 raise HttpError(failure.status, failure.message, code=failure.code, headers=failure.headers)
-            if not self._authorized(req):
+            if not self.authorized(req):
                 raise HttpError(401, "Unauthorized", code="UNAUTHORIZED")
             matched = self._router.match(req.method, req.path)
             if matched is None:

@@ -37,6 +37,7 @@ from daytona_api_client import BuildInfo, Sandbox, SandboxDesiredState, SandboxL
 from .errors import daemon_error
 from .images import DEBIAN, ImageProfile, executable, path_without_bash
 from .processes import ProcessTable, ShellSession
+from .ptys import PtySession
 
 DEFAULT_USER = "daytona"
 DEFAULT_TARGET = "us"
@@ -103,6 +104,7 @@ class EmulatedSandbox:
     updated_at: datetime = field(default_factory=_now)
     processes: ProcessTable = field(default_factory=ProcessTable)
     sessions: dict[str, ShellSession] = field(default_factory=dict)
+    ptys: dict[str, PtySession] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @classmethod
@@ -175,8 +177,11 @@ class EmulatedSandbox:
         with self.lock:
             sessions = list(self.sessions.values())
             self.sessions.clear()
+            terminals = list(self.ptys.values())
         for session in sessions:
             session.close()
+        for terminal in terminals:
+            terminal.kill(cut=True)  # the daemon goes with the sandbox: connections are cut
         self.processes.kill_all()
 
     def remove_files(self) -> None:

@@ -165,7 +165,7 @@ class Toolbox:
         r("POST", f"{p}/files/bulk-upload", self.bulk_upload)
 
     # ------------------------------------------------------------------ helpers
-    def _running(self, req: Request) -> EmulatedSandbox:
+    def running(self, req: Request) -> EmulatedSandbox:
         sb = self.emu.sandbox(req.params["sid"], source=SOURCE_PROXY)
         with sb.lock:
             state = sb.state
@@ -183,14 +183,14 @@ class Toolbox:
 
     # --------------------------------------------------------------------- info
     def version(self, req: Request) -> Response:
-        self._running(req)
+        self.running(req)
         return json_response({"version": "emulator"})
 
     def home_dir(self, req: Request) -> Response:
-        return json_response(UserHomeDirResponse(dir=str(self._running(req).home)))
+        return json_response(UserHomeDirResponse(dir=str(self.running(req).home)))
 
     def work_dir(self, req: Request) -> Response:
-        return json_response(WorkDirResponse(dir=str(self._running(req).work_dir)))
+        return json_response(WorkDirResponse(dir=str(self.running(req).work_dir)))
 
     # ------------------------------------------------------------------ process
     def execute(self, req: Request) -> Response:
@@ -198,7 +198,7 @@ class Toolbox:
         # in the shell GetShell() picks, fed on stdin (execute_linux.go, buildExecCmd); a
         # timeout answers 408 with the message below; exitCode is Go's ExitCode(), -1 when a
         # signal ended the shell.
-        sb = self._running(req)
+        sb = self.running(req)
         spec: ExecuteRequest = _parse_model(ExecuteRequest, req)
         if not spec.command.strip():
             raise daemon_error(400, "empty command", "BAD_REQUEST")
@@ -225,7 +225,7 @@ class Toolbox:
         return json_response(ExecuteResponse(exit_code=outcome.exit_code, result=outcome.output))
 
     def create_session(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         spec: CreateSessionRequest = _parse_model(CreateSessionRequest, req)
         with sb.lock:
             if spec.session_id in sb.sessions:
@@ -266,17 +266,17 @@ class Toolbox:
         return Session(session_id=session.id, commands=commands)
 
     def list_sessions(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         with sb.lock:
             sessions = list(sb.sessions.values())
         return json_response([self._session_model(s) for s in sessions])
 
     def get_session(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         return json_response(self._session_model(self._session(sb, req.params["session"])))
 
     def delete_session(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         session = self._session(sb, req.params["session"])
         with sb.lock:
             sb.sessions.pop(session.id, None)
@@ -287,7 +287,7 @@ class Toolbox:
         # apps/daemon/pkg/toolbox/process/session/execute.go (SessionExecuteCommand): the line
         # goes to the session shell's stdin; async answers 202 with the command id at once,
         # sync waits for the exit code file.
-        sb = self._running(req)
+        sb = self.running(req)
         session = self._session(sb, req.params["session"])
         spec: SessionExecuteRequest = _parse_model(SessionExecuteRequest, req)
         if not spec.command.strip():
@@ -308,7 +308,7 @@ class Toolbox:
         )
 
     def _command(self, req: Request):
-        sb = self._running(req)
+        sb = self.running(req)
         session = self._session(sb, req.params["session"])
         cmd = session.commands.get(req.params["cmd"])
         if cmd is None:
@@ -328,7 +328,7 @@ class Toolbox:
 
     # -------------------------------------------------------------------- files
     def create_folder(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         path = sb.resolve(req.arg("path"))
         mode_raw = req.arg("mode") or "755"
         try:
@@ -340,7 +340,7 @@ class Toolbox:
         return empty(201)
 
     def delete_file(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         path = sb.resolve(req.arg("path"))
         if path == sb.root:
             raise daemon_error(403, "refusing to delete the sandbox home", "FILE_ACCESS_DENIED")
@@ -355,28 +355,28 @@ class Toolbox:
         return empty(204)
 
     def file_info(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         path = sb.resolve(req.arg("path"))
         if not path.exists():
             raise daemon_error(404, f"file not found: {req.arg('path')}", "FILE_NOT_FOUND")
         return json_response(_file_info(path))
 
     def list_files(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         path = sb.resolve(req.arg("path"), default=sb.work_dir)
         if not path.is_dir():
             raise daemon_error(404, f"directory not found: {req.arg('path')}", "FILE_NOT_FOUND")
         return json_response([_file_info(p) for p in sorted(path.iterdir())])
 
     def download_file(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         path = sb.resolve(req.arg("path"))
         if not path.is_file():
             raise daemon_error(404, f"file not found: {req.arg('path')}", "FILE_NOT_FOUND")
         return Response(200, path.read_bytes(), "application/octet-stream")
 
     def bulk_download(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         spec: FilesDownloadRequest = _parse_model(FilesDownloadRequest, req)
         boundary = uuid.uuid4().hex
         chunks: list[bytes] = []
@@ -399,7 +399,7 @@ class Toolbox:
         return Response(200, b"".join(chunks), f"multipart/form-data; boundary={boundary}")
 
     def bulk_upload(self, req: Request) -> Response:
-        sb = self._running(req)
+        sb = self.running(req)
         parts = parse_multipart(req.headers.get("Content-Type", ""), req.body)
         paths: dict[str, str] = {}
         contents: dict[str, bytes] = {}
