@@ -228,8 +228,9 @@ class TargetEnvironment(BaseEnvironment, Generic[_C]):
         try:
             stream: ChannelStream = target.open_channel(argv)  # type: ignore[attr-defined]
             return stream
-        except (EnvironmentUnavailable, TargetLostError) as exc:
-            # The target may be gone (a deleted pod): bring it back once, as a command's start would.
+        except TargetLostError as exc:
+            # The target is gone (a deleted pod): bring it back once, as a command's start would.
+            # Any other error (a refused exec, a target that cannot start) is not a loss: raised as it is.
             why = str(exc) or "the target was lost"
             with self._target_lock:
                 if generation == self._generation:

@@ -235,12 +235,16 @@ class PrivacyConformance(DifferentialFixture):
         environment.execute("sleep 60.37 >/dev/null 2>&1 &")
         try:
             dump = environment.execute(
-                "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\" 2>/dev/null; echo; done", timeout=60
+                # first until the job has exec'd sleep (a loaded machine may not have got there yet)
+                "for ((i = 0; i < 200; i++)); do for f in /proc/[0-9]*/cmdline; do "
+                "[[ $(tr '\\0' ' ' <\"$f\" 2>/dev/null) == 'sleep 60.37 ' ]] && break 2; done; sleep 0.05; done; "
+                "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\" 2>/dev/null; echo; done",
+                timeout=60,
             ).output
         finally:
             environment.execute("kill $! 2>/dev/null; pkill -f 'sleep 60.37' 2>/dev/null; true")
-        assert "sleep 60.37" in dump  # the dump did see the running command
-        assert secret not in dump
+        assert "sleep 60.37" in dump, "the dump did not see the running command"
+        assert secret not in dump, [line for line in dump.splitlines() if secret in line]
 
     def test_child_cannot_forge_a_frame(self, environment: BaseEnvironment) -> None:
         environment.execute("HERMES_T_BEFORE=1")
