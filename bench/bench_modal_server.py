@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+
+from _timing import interleave  # bench/ is the script's own directory
 
 TESTS = Path(__file__).resolve().parents[1] / "plugins" / "hermes-env-modal" / "tests"
 PROFILES = {
@@ -45,21 +45,6 @@ def _load_emulator():
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-def interleave(n: int, **series: Callable[[], object]) -> dict[str, float]:
-    """Medians (ms) of each series, run in rounds of 10."""
-    got: dict[str, list[float]] = {k: [] for k in series}
-    for fn in series.values():
-        for _ in range(3):
-            fn()
-    for _ in range(max(n // 10, 1)):
-        for k, fn in series.items():
-            for _ in range(10):
-                t = time.perf_counter()
-                fn()
-                got[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1000 for k, v in got.items()}
 
 
 def run_profile(emu_mod, knobs: dict[str, float], n: int) -> dict[str, float]:

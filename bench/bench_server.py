@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,30 +27,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _timing import interleave, timed  # bench/ is the script's own directory
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BASH_COMPLETION = "/usr/share/bash-completion/bash_completion"
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
-def interleave(n: int, **series: Callable[[], object]) -> dict[str, float]:
-    """Medians (ms) of each series, run in rounds of 10 so drift hits all alike."""
-    got: dict[str, list[float]] = {k: [] for k in series}
-    for fn in series.values():
-        for _ in range(3):
-            fn()
-    for _ in range(max(n // 10, 1)):
-        for k, fn in series.items():
-            got[k] += timed(fn, 10)
-    return {k: statistics.median(v) * 1000 for k, v in got.items()}
 
 
 def report(title: str, med: dict[str, float], raw: str, target: str, ok: bool) -> None:
