@@ -12,18 +12,10 @@ import json
 import statistics
 import subprocess
 import sys
-import time
+
+from _timing import timed  # bench/ is the script's own directory
 
 BIG = "head -c 50000000 /dev/zero | tr '\\0' a"
-
-
-def timed(fn, rounds: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def child(kind: str) -> dict:

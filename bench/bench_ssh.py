@@ -13,7 +13,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,6 +21,8 @@ import paramiko
 
 from hermes_env_core.backends.ssh import SSHEnvironment
 from tests.support.sshd import SshServer
+
+from _timing import timed  # bench/ is the script's own directory
 
 
 def raw_transport(server: SshServer) -> paramiko.Transport:
@@ -48,15 +49,6 @@ def raw_script(t: paramiko.Transport, script: str) -> None:
         pass
     chan.recv_exit_status()
     chan.close()
-
-
-def timed(fn, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def main() -> int:

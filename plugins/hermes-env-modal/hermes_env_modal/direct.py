@@ -232,7 +232,7 @@ class DirectModalEnvironment(ModalEnvironment):
                 f"modal: the session's execs were let go after {(self._cfg.idle_timeout or 0) / 2:g}s without a command, "
                 "so that Modal could end the idle sandbox (idle_timeout); its shell state was kept"
             )
-        stream = self._open_stream(list(argv))
+        stream = self.open_stream(list(argv))
         self._streams.add(stream)
         return stream
 
@@ -254,7 +254,7 @@ class DirectModalEnvironment(ModalEnvironment):
             for stream in streams:
                 stream.close()
 
-    def _open_stream(self, argv: list[str], *, stderr: bool = False) -> ExecStream:
+    def open_stream(self, argv: list[str], *, stderr: bool = False) -> ExecStream:
         """Start ``argv`` as an exec (recreating an ended sandbox once); stdin and stdout its stream,
         stderr dropped unless kept (``stream.stderr``)."""
         st = self._stream_type
@@ -299,7 +299,7 @@ class DirectModalEnvironment(ModalEnvironment):
         token = secrets.token_hex(8)
         argv = ["bash", "-l", "-c"] if login else ["bash", "-c"]
         redirect = "" if stdin_data is not None else "</dev/null "
-        stream = self._open_stream([*argv, exec_head(token) + f"exec {redirect}2>&1; " + script])
+        stream = self.open_stream([*argv, exec_head(token) + f"exec {redirect}2>&1; " + script])
         return HelperProcess(
             stream, stdin_data, on_kill=lambda: self._kill_quietly(token), name=f"hermes-env-modal-exec-{token}"
         )

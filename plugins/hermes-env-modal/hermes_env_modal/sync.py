@@ -43,7 +43,7 @@ def _run(env: DirectModalEnvironment, script: str, stdin: Iterable[bytes], sink:
     """Run ``script`` under ``sh`` on an exec of its own: ``stdin`` written (then EOF), stdout into
     ``sink``; ``CommandFailedError`` for a non-zero exit."""
     try:
-        stream = env._open_stream(["sh", "-c", _home(script)], stderr=True)
+        stream = env.open_stream(["sh", "-c", _home(script)], stderr=True)
     except HermesEnvError as exc:
         raise TransportError(f"modal sync: {exc}", transient=isinstance(exc, EnvironmentUnavailable)) from exc
     try:
