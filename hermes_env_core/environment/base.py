@@ -488,6 +488,33 @@ class BaseEnvironment(abc.ABC):
 
         return fork_environment(self, n, paths=paths)
 
+    # -- snapshot files: a backend's own capture (optional hooks) ------------------
+    def snapshot_files(
+        self, workdir: Any, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> Any:
+        """Capture this target's files for snapshot ``name``: write the parts into ``workdir``
+        (a private ``pathlib.Path``) and return a ``FilesRef`` whose ``kind`` is the backend's own
+        (not ``archive``, ``image`` or ``none``) and whose ``parts`` name those files; the core
+        stores their SHA-256 and refuses the whole snapshot when one differs. Return None to
+        let the core archive the working directory or ``paths`` over ``_run_bash``; raise
+        ``UnsupportedOperation`` (saying what works instead) when this target's files cannot be
+        captured. ``temporary``: the snapshot only seeds a ``fork`` and is removed after it.
+        Called between commands; the default (None) is the core's own choice per built-in backend.
+        A backend that overrides it also implements ``start_from_snapshot``."""
+        return None
+
+    @classmethod
+    def start_from_snapshot(
+        cls, snapshot: Any, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+    ) -> BaseEnvironment:
+        """A new environment whose files are ``snapshot``'s (a ``Snapshot`` whose ``files.kind`` is
+        the one ``snapshot_files`` returned, parts already checked): prepare them, then call
+        ``create(**options)`` (options possibly changed) and return what it made. The core then
+        restores the session state into it, and closes it if that fails."""
+        from ..errors import UnsupportedOperation
+
+        raise UnsupportedOperation(f"backend {cls.name!r} cannot start from a {snapshot.files.kind!r} snapshot")
+
     def close(self) -> None:
         """Release the environment; later ``execute()`` calls raise.
 
