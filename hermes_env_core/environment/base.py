@@ -509,8 +509,10 @@ class BaseEnvironment(abc.ABC):
     ) -> BaseEnvironment:
         """A new environment whose files are ``snapshot``'s (a ``Snapshot`` whose ``files.kind`` is
         the one ``snapshot_files`` returned, parts already checked): prepare them, then call
-        ``create(**options)`` (options possibly changed) and return what it made. The core then
-        restores the session state into it, and closes it if that fails."""
+        ``create(**options)`` (options possibly changed) and return what it made. When the files
+        now live elsewhere, ``create(moved_dirs={old: new}, ...)`` says so: the session's cwd,
+        OLDPWD and directory stack follow them. The core then restores the session state into
+        the environment, and closes it if that fails."""
         from ..errors import UnsupportedOperation
 
         raise UnsupportedOperation(f"backend {cls.name!r} cannot start from a {snapshot.files.kind!r} snapshot")

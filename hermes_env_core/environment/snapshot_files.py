@@ -418,12 +418,21 @@ def environment_from_snapshot(
 
 
 def _from_own(factory: EnvironmentFactory, snap: Snapshot, opts: dict[str, Any]) -> BaseEnvironment:
-    """A snapshot of a backend's own kind: the backend makes the environment with the files,
-    the core restores the state."""
-    cls = factory.registry.load(snap.backend)
-    env = cls.start_from_snapshot(snap, opts, lambda **o: factory.create(snap.backend, **o))
+    """A snapshot of a backend's own kind: the backend makes the environment with the files
+    (``start_from_snapshot``), the core restores the state, moved with the files if they moved."""
+    moved: dict[str, str] = {}
+
+    def create(*, moved_dirs: Mapping[str, str] | None = None, **options: Any) -> BaseEnvironment:
+        moved.update(moved_dirs or {})
+        cwd = _map(snap.state.cwd, moved) if moved else None
+        if cwd is not None:
+            options["cwd"] = cwd
+        return factory.create(snap.backend, **options)
+
+    env = factory.registry.load(snap.backend).start_from_snapshot(snap, opts, create)
     try:
-        _start_from(env, snap, snap.state, None, {})
+        state = snap.state
+        _start_from(env, snap, state, _map(state.cwd, moved) if moved else None, moved)
     except BaseException:
         env.close()
         raise
