@@ -375,3 +375,29 @@ def test_cgroups_of_a_cli_killed_outright_are_removed_by_the_next_one(tmp_path):
         for p in tree:
             if _alive(p):
                 p.kill()
+
+
+def test_the_prompts_sigint_watcher_passes_every_signal_on_to_the_guards_watcher():
+    """Python keeps one wakeup fd. At the prompt the shell's Ctrl-C watcher holds it; the
+    signal guard's watcher (which re-sends a SIGTERM or SIGHUP that readline's select
+    missed) must still see those signals, or a closed terminal waits for a key."""
+    import threading
+
+    from hermes_env_core.cli.shell import _prompt_interrupts
+    from hermes_env_core.cli.signals import SignalGuard
+
+    guard = SignalGuard(keyboard_interrupt=True)
+    handled = threading.Event()
+    previous = signal.signal(signal.SIGHUP, lambda *_: handled.set())
+    try:
+        guard._start_watcher()  # the guard's wakeup fd, as install() makes it
+        nudged: list[int] = []
+        guard._nudge = lambda signum, main, seen: nudged.append(signum)  # type: ignore[method-assign]
+        with _prompt_interrupts(True) as nudge:
+            assert nudge is not None
+            signal.raise_signal(signal.SIGHUP)
+            assert handled.is_set()
+            assert wait_until(lambda: nudged == [signal.SIGHUP], WAIT)
+    finally:
+        guard.uninstall()
+        signal.signal(signal.SIGHUP, previous)

@@ -36,6 +36,12 @@ _SCRIPT_ARG_LIMIT = 100_000  # one argv string may not exceed 128 KiB on Linux
 _PID1 = ["sleep", "infinity"]  # under docker-init (init=True), which reaps zombies
 # A script too long for argv, written into the container first, read back by
 # a process substitution that also deletes it; `set --` keeps $@ empty.
+# The memory cgroup's OOM-kill count, as the container sees it (cgroup v2, else v1).
+_OOM_COUNT = (
+    "for f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do "
+    '[[ -r $f ]] || continue; while read -r k v; do [[ $k == oom_kill ]] && { echo "$v"; exit 0; }; done <"$f"; '
+    "done; exit 1"
+)
 _SOURCE_FILE = '__hermes_src=$1; set --; builtin source <(cat -- "$__hermes_src"; rm -f -- "$__hermes_src")'
 
 
@@ -116,6 +122,7 @@ class DockerEnvironment(BaseEnvironment):
         self._box: dict[str, str | None] = {"id": None}
         self._events_seen_ns = 0  # engine events up to this time were already given to a command
         self._events_floor_s = 0.0  # the last command's end: engine events before it are not the next one's
+        self._oom_kills: int | None = None  # the container's OOM-kill counter at the last look (None: not known)
         self._user = cfg.user or ""
         self._exec_env = [f"{k}={v}" for k, v in cfg.env.items()]
         self.container_name = reaper.container_name(self.task_id, persistent=cfg.persistent)
@@ -327,6 +334,7 @@ class DockerEnvironment(BaseEnvironment):
             if isinstance(exc, Exception):
                 raise self._error(f"start a container from {cfg.image!r}", exc) from exc
             raise
+        self._oom_kills = 0  # a new container's memory cgroup has killed nothing yet
         if name != self.container_name:
             reaper.mark_in_use(self.container_name, False)
             self.container_name = name
@@ -356,6 +364,7 @@ class DockerEnvironment(BaseEnvironment):
             if gen != self._gen:
                 return  # another thread did it
             old = self.container_name
+            self._oom_kills = None  # a restarted container counts from 0 again
             info = self._inspect(self._box["id"] or old)
             if info is not None and self._revive(info):
                 state = info["State"]
@@ -527,38 +536,59 @@ class DockerEnvironment(BaseEnvironment):
 
     def _command_usage(self, exit_code: int | None, started: float) -> Usage | None:
         # A command killed by SIGKILL: was it the container's memory limit?
+        if exit_code != 137:
+            self._events_floor_s = max(self._events_floor_s, time.time())
+            return None
+        oom, _ = self._oom_struck(started)
+        if oom:
+            self._note_oom()
+        return Usage(oom_killed=oom)
+
+    def _note_oom(self) -> None:
+        limit = self.config.memory or "the host's memory"
+        self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
+
+    def _oom_struck(self, started: float, also: tuple[str, ...] = ()) -> tuple[bool, set[str]]:
+        """Whether the OOM killer struck in the command started at ``started``, and
+        which of the engine events ``also`` happened since then.
+
+        The engine's "oom" events may trail the kill, and one kill may bring
+        several, so a late one could be taken for the next command's. The
+        container's own OOM-kill counter, read at each look, rules that out: when
+        it has not moved since the last look (before this command), nothing was
+        killed. An event in the command's time says it was this command's."""
+        before, now = self._oom_kills, self._oom_count()
+        self._oom_kills = now
+        quiet = now is not None and before is not None and now <= before
+        kinds = also if quiet else ("oom", *also)
+        seen: set[str] = set()
         ended = time.time()
         try:
-            if exit_code != 137:
-                return None
-            seen: set[str] = set()
-            for attempt in range(4):  # events may trail the exit by a few milliseconds
-                seen = self._events_since(started, ("oom",))
+            for attempt in range(4 if kinds else 0):  # events may trail the exit by a few milliseconds
+                seen = self._events_since(started, kinds)
                 if seen:
                     break
                 time.sleep(0.05 * (attempt + 1))
         finally:
-            # What happened before this command ended is this command's (an OOM kill's
-            # events may be delivered late, and several at once): never the next one's.
+            # What happened before this command ended is this command's: never the next one's.
             self._events_floor_s = max(self._events_floor_s, ended)
-        if "oom" in seen:
-            limit = self.config.memory or "the host's memory"
-            self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
-        return Usage(oom_killed="oom" in seen)
+        return "oom" in seen, seen & set(also)
+
+    def _oom_count(self) -> int | None:
+        """The container's memory cgroup OOM-kill count (v2 or v1), None when it cannot be read."""
+        cid = self._box["id"]
+        try:  # with the container's id: a gone container is not brought back for this
+            code, out = self._exec_simple(["bash", "-c", _OOM_COUNT], cid=cid) if cid else (1, b"")
+        except (EnvironmentUnavailable, TimeoutError):
+            return None
+        text = out.decode(errors="replace").strip()
+        return int(text) if code == 0 and text.isdigit() else None
 
     def _control_first(self) -> bool:
         return bool(getattr(self.config, "pids_limit", None))
 
     def _explain_lost(self, started: float) -> tuple[int, str] | None:
-        ended = time.time()
-        seen: set[str] = set()
-        for attempt in range(4):
-            seen = self._events_since(started, ("oom",))
-            if seen:
-                break
-            time.sleep(0.05 * (attempt + 1))
-        self._events_floor_s = max(self._events_floor_s, ended)
-        if "oom" not in seen:
+        if not self._oom_struck(started)[0]:
             return None
         limit = self.config.memory or "the host's memory"
         return 137, f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit"
@@ -573,21 +603,15 @@ class DockerEnvironment(BaseEnvironment):
         if code not in (137, -1):
             return
         cid = self._box["id"]
-        seen: set[str] = set()
-        for attempt in range(4):  # events may trail the exit by a few milliseconds
-            seen = self._events_since(handle.started, ("oom", "kill", "die", "destroy"))
-            if seen:
-                break
-            time.sleep(0.05 * (attempt + 1))
+        oom, died = self._oom_struck(handle.started, ("kill", "die", "destroy"))
         info = self._inspect(cid) if cid else None
-        if seen & {"kill", "die", "destroy"} or info is None or not info["State"].get("Running"):
+        if died or info is None or not info["State"].get("Running"):
             state = "removed" if info is None else f"exit code {info['State'].get('ExitCode')}"
             raise BackendError(f"docker: container {self.container_name} stopped while the command ran ({state})")
-        # The container's memory events say whether the kernel's OOM killer did it.
-        handle.usage = Usage(oom_killed="oom" in seen)  # type: ignore[attr-defined]
-        if "oom" in seen:
-            limit = self.config.memory or "the host's memory"
-            self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
+        # The container's memory cgroup says whether the kernel's OOM killer did it.
+        handle.usage = Usage(oom_killed=oom)  # type: ignore[attr-defined]
+        if oom:
+            self._note_oom()
 
     def _events_since(self, since: float, kinds: tuple[str, ...]) -> set[str]:
         """Which of ``kinds`` the engine reported for our container since ``since``."""

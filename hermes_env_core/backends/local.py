@@ -325,7 +325,8 @@ class LocalEnvironment(BaseEnvironment):
             try:
                 if server:
                     # The session's shell only: its background jobs outlive it, as a shell's do.
-                    os.kill(proc.pid, signal.SIGKILL)
+                    # (Popen.kill: once reaped by poll(), the pid may be another process's.)
+                    proc.kill()
                 else:
                     os.killpg(proc.pid, signal.SIGKILL)  # the server and its relay
             except (ProcessLookupError, PermissionError):

@@ -114,18 +114,28 @@ class _Nudge:
         self.pending = False
         self._r, self._w = os.pipe()
         os.set_blocking(self._w, False)
+        self._forwarding = threading.Lock()
         self._previous = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         self._main = threading.main_thread().ident
         threading.Thread(target=self._watch, name="hermes-env-prompt-sigint", daemon=True).start()
 
     def _watch(self) -> None:
+        try:
+            self._watch_until_closed()
+        finally:
+            os.close(self._r)  # here, not in close(): a number closed under a read could be reused
+
+    def _watch_until_closed(self) -> None:
         while True:
-            try:
-                data = os.read(self._r, 64)
-            except OSError:
-                return
+            data = os.read(self._r, 64)
             if not data:
-                return
+                return  # close() closed the write end
+            with self._forwarding:
+                if self._previous >= 0:
+                    # Python has one wakeup fd: the one this replaced (the CLI's signal guard's
+                    # watcher, which re-sends a SIGTERM or SIGHUP that readline missed) still sees them.
+                    with contextlib.suppress(OSError):
+                        os.write(self._previous, data)
             if signal.SIGINT not in data:
                 continue
             self.pending = True
@@ -140,9 +150,9 @@ class _Nudge:
     def close(self) -> None:
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(self._previous)
-        for fd in (self._w, self._r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._forwarding:
+            self._previous = -1  # its owner may close it from now on
+        os.close(self._w)  # the watcher reads end of file, and closes its end
 
 
 @contextlib.contextmanager

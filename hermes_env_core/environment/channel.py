@@ -88,6 +88,12 @@ class PipeStream:
     ``exited()`` (e.g. ``lambda: proc.poll() is not None``) ends the stream
     when the server process is gone even though a command's relay still holds
     its stdout open.
+
+    ``close()`` may come from another thread while a read waits. It wakes the
+    read and closes the pipes only once no read or write is using their
+    descriptor numbers: a number closed while a read still held it could be
+    given to the next stream's pipe at once, and that read would then take
+    the next server's bytes.
     """
 
     def __init__(
@@ -101,36 +107,56 @@ class PipeStream:
         self._rfd = stdout.fileno()
         self._wfd = stdin.fileno()
         self._closed = False
+        self._reading = threading.Lock()  # held while a read uses self._rfd
+        self._writing = threading.Lock()  # held while a write uses self._wfd
+        self._closing = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
         self._poller = select.poll()
         self._poller.register(self._rfd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        self._poller.register(self._wake_r, select.POLLIN)
 
     def read(self, n: int) -> bytes:
-        try:
-            while self._exited is not None and not self._poller.poll(_EXIT_CHECK_MS):
-                if self._closed or self._exited():
+        with self._reading:
+            while not self._closed:
+                try:
+                    ready = {fd for fd, _ in self._poller.poll(_EXIT_CHECK_MS if self._exited else None)}
+                except OSError:
                     return b""
-            if self._closed:  # its descriptor number may belong to a newer stream by now
-                return b""
-            return os.read(self._rfd, n)
-        except (OSError, ValueError):
+                if self._wake_r in ready or self._closed:
+                    return b""
+                if self._rfd in ready:
+                    try:
+                        return os.read(self._rfd, n)  # ready: never blocks
+                    except OSError:
+                        return b""
+                if self._exited is not None and self._exited():
+                    return b""
             return b""
 
     def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._wfd, view) :]
+        with self._writing:
+            if self._closed:
+                raise BrokenPipeError("the stream is closed")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._wfd, view) :]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for f in (self._in, self._out):
-            try:
-                f.close()
-            except OSError:
-                pass
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")  # a read waiting in poll returns now
         if self._on_close is not None:
-            self._on_close()
+            self._on_close()  # the process ends: a write blocked on a full pipe gets EPIPE
+        with self._reading, self._writing:
+            for f in (self._in, self._out):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 class ChannelNotStarted(BackendError):

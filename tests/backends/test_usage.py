@@ -102,6 +102,45 @@ def test_docker_oom_is_137_with_oom_killed_and_its_reason(docker_image: str) -> 
         assert r.end_reason is EndReason.EXITED
 
 
+@pytest.mark.docker
+def test_docker_a_late_oom_event_is_never_the_next_commands(docker_image: str) -> None:
+    """One OOM kill can bring several engine events, some after the command's end:
+    the container's own counter keeps them from the next SIGKILL. Rounds, as the
+    race showed about once in a CI run."""
+    from hermes_env_core.backends.docker import DockerEnvironment
+
+    with DockerEnvironment(image=docker_image, pull="never", timeout=60, memory="64m") as env:
+        for _ in range(4):
+            r = env.execute("head -c 300m /dev/zero | tail >/dev/null")
+            assert (r.exit_code, r.usage.oom_killed) == (137, True)
+            r = env.execute("sleep 30 & kill -9 $!; wait $!")
+            assert (r.exit_code, r.usage.oom_killed, r.end_reason) == (137, False, EndReason.SIGNALED)
+
+
+@pytest.mark.docker
+def test_docker_oom_in_a_reused_container_is_still_told(docker_image: str) -> None:
+    """A persistent container found again: its counter's start is not known, so the
+    first SIGKILL is judged by the engine's events, the next ones by the counter."""
+    import uuid
+
+    from hermes_env_core.backends.docker import DockerEnvironment
+
+    task = f"oom-reuse-{uuid.uuid4().hex[:8]}"
+    opts = dict(image=docker_image, pull="never", timeout=60, memory="64m", persistent=True, task_id=task)
+    first = DockerEnvironment(**opts)
+    try:
+        assert first.execute("head -c 300m /dev/zero | tail >/dev/null").usage.oom_killed is True
+        first.close()
+        with DockerEnvironment(**opts) as env:
+            for _ in range(2):
+                r = env.execute("head -c 300m /dev/zero | tail >/dev/null")
+                assert (r.exit_code, r.usage.oom_killed) == (137, True)
+                r = env.execute("sleep 30 & kill -9 $!; wait $!")
+                assert (r.exit_code, r.usage.oom_killed) == (137, False)
+    finally:
+        first.cleanup(force=True)
+
+
 def test_cli_run_stats_prints_the_cost_on_stderr() -> None:
     import os
     import re

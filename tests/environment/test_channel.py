@@ -229,3 +229,57 @@ def test_a_target_that_offers_open_channel_gets_the_channel():
         assert e.execute("x=7; cd /tmp").exit_code == 0
         assert e.execute('echo "$x $PWD"').output == "7 /tmp\n"
         assert e.channel_mode == "channel" and e.target.opened == 1
+
+
+def _cat_stream(**kw):
+    import subprocess
+
+    from hermes_env_core.environment.channel import PipeStream
+
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    return proc, PipeStream(proc.stdin, proc.stdout, on_close=lambda: (proc.kill(), proc.wait()), **kw)
+
+
+@pytest.mark.parametrize("exited", [False, True], ids=["no-exit-check", "exit-check"])
+def test_closing_a_pipe_stream_ends_a_read_waiting_in_another_thread(exited):
+    """The session server's reader thread waits in read(); close() from the
+    client must end that read, not leave it holding a descriptor number."""
+    import threading
+
+    proc, stream = _cat_stream(exited=(lambda: proc.poll() is not None) if exited else None)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(stream.read(100)), daemon=True)
+    reader.start()
+    stream.write(b"one\n")
+    reader.join(10)
+    assert got == [b"one\n"]
+    reader = threading.Thread(target=lambda: got.append(stream.read(100)), daemon=True)
+    reader.start()
+    stream.close()
+    reader.join(10)
+    assert not reader.is_alive() and got == [b"one\n", b""]
+
+
+def test_a_closed_pipe_stream_never_reads_or_writes_a_reused_descriptor():
+    """After close(), the stream's old descriptor numbers may belong to a new
+    pipe (the next server's): the closed stream must leave its bytes alone."""
+    import os
+
+    proc, stream = _cat_stream(exited=lambda: proc.poll() is not None)
+    old = (stream._rfd, stream._wfd)
+    stream.close()
+    pipes = [os.pipe() for _ in range(4)]  # the lowest free numbers: the old ones among them
+    try:
+        taken = {fd for pair in pipes for fd in pair}
+        assert set(old) & taken, "the test needs a reused descriptor number"
+        for r, w in pipes:
+            os.write(w, b"next server")
+        assert stream.read(100) == b""
+        with pytest.raises(OSError):
+            stream.write(b"late")
+        for r, w in pipes:
+            assert os.read(r, 100) == b"next server"
+    finally:
+        for pair in pipes:
+            for fd in pair:
+                os.close(fd)
