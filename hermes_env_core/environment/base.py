@@ -19,7 +19,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError, UsageError
 from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
@@ -29,6 +30,9 @@ from .inputhints import wanted_input
 from .output import FrameSplitter, OutputCapture
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 from .session import SessionState, ShellSession, StateParseError, WrappedCommand, check_command
+
+if TYPE_CHECKING:
+    from .snapshot import FilesRef, Snapshot
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
 
@@ -490,10 +494,10 @@ class BaseEnvironment(abc.ABC):
 
     # -- snapshot files: a backend's own capture (optional hooks) ------------------
     def snapshot_files(
-        self, workdir: Any, name: str, *, paths: Sequence[str] | None, temporary: bool
-    ) -> Any:
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
         """Capture this target's files for snapshot ``name``: write the parts into ``workdir``
-        (a private ``pathlib.Path``) and return a ``FilesRef`` whose ``kind`` is the backend's own
+        (a private directory) and return a ``FilesRef`` whose ``kind`` is the backend's own
         (not ``archive``, ``image`` or ``none``) and whose ``parts`` name those files; the core
         stores their SHA-256 and refuses the whole snapshot when one differs. Return None to
         let the core archive the working directory or ``paths`` over ``_run_bash``; raise
@@ -505,7 +509,7 @@ class BaseEnvironment(abc.ABC):
 
     @classmethod
     def start_from_snapshot(
-        cls, snapshot: Any, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+        cls, snapshot: Snapshot, options: dict[str, Any], create: Callable[..., BaseEnvironment]
     ) -> BaseEnvironment:
         """A new environment whose files are ``snapshot``'s (a ``Snapshot`` whose ``files.kind`` is
         the one ``snapshot_files`` returned, parts already checked): prepare them, then call
