@@ -27,9 +27,9 @@ from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStre
 from .handles import ProcessHandle, run_to_end
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
-from .output import FrameSplitter, OutputCapture
+from .output import CapturedOutput, FrameSplitter, OutputCapture
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
-from .session import SessionState, ShellSession, StateParseError, WrappedCommand, check_command
+from .session import Frame, SessionState, ShellSession, StateParseError, WrappedCommand, check_command
 
 if TYPE_CHECKING:
     from .snapshot import FilesRef, Snapshot
@@ -57,8 +57,8 @@ class _Run:
     __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes", "usage", "signal")
 
     def __init__(self) -> None:
-        self.captured = None
-        self.frame: tuple[int, str, str] | None = None
+        self.captured: CapturedOutput | None = None
+        self.frame: tuple[int, str, str | None] | None = None
         self.exit_code = 0
         self.timed_out = False
         self.interrupted = False
@@ -178,7 +178,7 @@ class BaseEnvironment(abc.ABC):
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         """Stop the command's whole process tree; the default signals the handle."""
         if graceful and hasattr(handle, "terminate"):
-            handle.terminate()  # type: ignore[attr-defined]
+            handle.terminate()
         else:
             handle.kill()
 
@@ -226,7 +226,8 @@ class BaseEnvironment(abc.ABC):
     @property
     def session(self) -> ShellSession:
         if self._uses_server():
-            return self._server_runner().current_session()
+            current: ShellSession = self._server_runner().current_session()
+            return current
         self._ensure_session()
         assert self._session is not None
         return self._session
@@ -649,7 +650,7 @@ class BaseEnvironment(abc.ABC):
                 env_id=self.task_id,
             )
             base = self._snapshot(session, login=False)
-            if base[1] is None:
+            if base is None or base[1] is None:
                 raise EnvironmentUnavailable(
                     f"{self.name}: bash in the target did not report its state; is bash installed there?"
                 )
@@ -996,7 +997,5 @@ def _end_reason(run: _Run, exit_code: int, usage: Usage) -> tuple[EndReason, int
     return EndReason.EXITED, None
 
 
-def _frame(raw: tuple[int, str, str]):
-    from .session import Frame
-
+def _frame(raw: tuple[int, str, str | None]) -> Frame:
     return Frame(exit_code=raw[0], cwd=raw[1], state_text=raw[2])

@@ -250,7 +250,7 @@ class NamedRunner(ServerRunner):
         self._runs = 0
         self._timer: threading.Timer | None = None
 
-    def run(self, command: str, **kwargs: Any) -> Any:  # type: ignore[override]
+    def run(self, command: str, **kwargs: Any) -> Any:
         self._runs += 1
         if self._timer is not None:
             self._timer.cancel()
