@@ -19,7 +19,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError, UsageError
 from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
@@ -29,6 +30,9 @@ from .inputhints import wanted_input
 from .output import CapturedOutput, FrameSplitter, OutputCapture
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
 from .session import Frame, SessionState, ShellSession, StateParseError, WrappedCommand, check_command
+
+if TYPE_CHECKING:
+    from .snapshot import FilesRef, Snapshot
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
 
@@ -488,6 +492,35 @@ class BaseEnvironment(abc.ABC):
         from .snapshot_files import fork_environment
 
         return fork_environment(self, n, paths=paths)
+
+    # -- snapshot files: a backend's own capture (optional hooks) ------------------
+    def snapshot_files(
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
+        """Capture this target's files for snapshot ``name``: write the parts into ``workdir``
+        (a private directory) and return a ``FilesRef`` whose ``kind`` is the backend's own
+        (not ``archive``, ``image`` or ``none``) and whose ``parts`` name those files; the core
+        stores their SHA-256 and refuses the whole snapshot when one differs. Return None to
+        let the core archive the working directory or ``paths`` over ``_run_bash``; raise
+        ``UnsupportedOperation`` (saying what works instead) when this target's files cannot be
+        captured. ``temporary``: the snapshot only seeds a ``fork`` and is removed after it.
+        Called between commands; the default (None) is the core's own choice per built-in backend.
+        A backend that overrides it also implements ``start_from_snapshot``."""
+        return None
+
+    @classmethod
+    def start_from_snapshot(
+        cls, snapshot: Snapshot, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+    ) -> BaseEnvironment:
+        """A new environment whose files are ``snapshot``'s (a ``Snapshot`` whose ``files.kind`` is
+        the one ``snapshot_files`` returned, parts already checked): prepare them, then call
+        ``create(**options)`` (options possibly changed) and return what it made. When the files
+        now live elsewhere, ``create(moved_dirs={old: new}, ...)`` says so: the session's cwd,
+        OLDPWD and directory stack follow them. The core then restores the session state into
+        the environment, and closes it if that fails."""
+        from ..errors import UnsupportedOperation
+
+        raise UnsupportedOperation(f"backend {cls.name!r} cannot start from a {snapshot.files.kind!r} snapshot")
 
     def close(self) -> None:
         """Release the environment; later ``execute()`` calls raise.
