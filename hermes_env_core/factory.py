@@ -109,7 +109,7 @@ class EnvironmentFactory:
                 f"backend {resolved.backend!r}: {cls.__module__}.{cls.__qualname__} does not take its config "
                 f"as the first argument: {exc}"
             ) from exc
-        env = cls(resolved.config)
+        env = cls(resolved.config)  # type: ignore[arg-type]  # the backend's own config model (a plugin's may not derive EnvironmentConfig)
         with _live_lock:
             _live_envs.add(env)
         return env

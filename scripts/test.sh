@@ -71,7 +71,8 @@ run_suite() {  # python, name, then pytest arguments
 
 step "lint: ruff check (configuration in pyproject.toml)"
 "$PY" -m ruff check hermes_env_core plugins || { echo "test.sh: ruff check failed"; status=1; }
-# The third-party example and the plugin template are typed through public names only.
+# The core is typed strictly; the third-party example and the plugin template through public names only.
+"$PY" -m mypy --strict hermes_env_core || { echo "test.sh: mypy --strict on the core failed"; status=1; }
 "$PY" -m mypy --strict --follow-imports=silent examples/hermes-env-example/hermes_env_example examples/template \
     || { echo "test.sh: mypy --strict on the example or the template failed"; status=1; }
 

@@ -191,7 +191,8 @@ def image() -> str:
 def _containers_of(pid: int) -> list[object]:
     from tests.support.docker_engine import ensure_engine
 
-    return ensure_engine().containers.list(all=True, filters={"label": f"hermes-env.owner-pid={pid}"})
+    # sparse: no inspect per container (one removed between the list and its inspect would raise)
+    return ensure_engine().containers.list(all=True, sparse=True, filters={"label": f"hermes-env.owner-pid={pid}"})
 
 
 def _sleeps_in(container: object, marker: str) -> bool:

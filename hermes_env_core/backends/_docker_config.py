@@ -39,7 +39,7 @@ def parse_size(value: str | int) -> int:
 class DockerConfig(EnvironmentConfig):
     """Options of the Docker backend. Defaults are the hardened ones."""
 
-    image: str = Field(None, validate_default=True, description="Image to run, e.g. 'python:3.12-slim' (required).")  # type: ignore[assignment]
+    image: str = Field(None, validate_default=True, description="Image to run, e.g. 'python:3.12-slim' (required).")
     docker_host: str | None = Field(None, description="Engine URL; default $DOCKER_HOST, else the local socket.")
     pull: Literal["missing", "never", "always"] = Field("missing", description="When to pull the image.")
     user: str | None = Field(None, description="User (name or uid[:gid]) commands run as; default the image's.")

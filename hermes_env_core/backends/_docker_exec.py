@@ -6,6 +6,7 @@ background grandchild keeps the stream open for up to two seconds after bash exi
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import socket
@@ -29,7 +30,7 @@ _INSPECT_EVERY_S = 0.005  # exit polling once bash should be gone (wait)
 _POLL_EVERY_S = (0.1, 0.5)  # exit polling while output is quiet (poll): first 2 s, later
 
 
-def open_stream(api: Any, exec_id: str) -> tuple[IO[bytes], socket.socket | None, Any]:
+def open_stream(api: Any, exec_id: str) -> tuple[io.BufferedReader, socket.socket | None, Any]:
     """Start the exec and return (reader, socket, response).
 
     The reader is the buffered file the HTTP headers were parsed from: bytes
@@ -87,7 +88,7 @@ class ExecStream:
         try:
             while True:
                 if self._left:
-                    data = self._sock.recv(min(n, self._left))
+                    data: bytes = self._sock.recv(min(n, self._left))
                     if not data:
                         return b""
                     self._left -= len(data)

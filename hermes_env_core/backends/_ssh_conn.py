@@ -46,14 +46,14 @@ def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
         chan.status_event.set()
         return
     m.packet.seek(pos)
-    paramiko.Channel._handle_request(chan, m)
+    paramiko.Channel._handle_request(chan, m)  # type: ignore[attr-defined]  # paramiko's own dispatcher
 
 
 class Transport(paramiko.Transport):
     """A paramiko Transport that also understands ``exit-signal``."""
 
     _channel_handler_table: ClassVar[dict[int, Any]] = {
-        **paramiko.Transport._channel_handler_table,
+        **paramiko.Transport._channel_handler_table,  # type: ignore[attr-defined]
         MSG_CHANNEL_REQUEST: _channel_request,
     }
 
@@ -181,8 +181,8 @@ def _authenticate(transport: Transport, cfg: SSHConfig, label: str) -> None:
             agent.close()
     if cfg.look_for_keys and not cfg.key_path:
         for name in _DEFAULT_KEYS:
-            key = _load_key(Path.home() / ".ssh" / name, must=False)
-            if key is not None and try_key(key, f"key ~/.ssh/{name}"):
+            found = _load_key(Path.home() / ".ssh" / name, must=False)
+            if found is not None and try_key(found, f"key ~/.ssh/{name}"):
                 return
     if cfg.password is not None:
         tried.append("password")

@@ -69,7 +69,7 @@ class _AfterMarker(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+    def read(self, n: int | None = -1) -> bytes:
         if n is None or n < 0:
             parts = []
             while chunk := self.read(_CHUNK):

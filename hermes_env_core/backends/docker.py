@@ -11,7 +11,7 @@ import posixpath
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from ..environment.base import BaseEnvironment
@@ -192,7 +192,8 @@ class DockerEnvironment(BaseEnvironment):
 
     def _inspect(self, ref: str) -> dict[str, Any] | None:
         try:
-            return self._api.inspect_container(ref)
+            info: dict[str, Any] = self._api.inspect_container(ref)
+            return info
         except self._docker.errors.NotFound:
             return None
         except Exception as exc:
@@ -284,7 +285,7 @@ class DockerEnvironment(BaseEnvironment):
             for path, size in cfg.tmpfs.items()
         }
         memory = memory_bytes(cfg.memory) if cfg.memory else None
-        return self._api.create_host_config(
+        return self._api.create_host_config(  # type: ignore[no-any-return]
             cap_drop=["ALL"],
             cap_add=list(cfg.cap_add) or None,
             security_opt=(["no-new-privileges"] if cfg.no_new_privileges else []) + list(cfg.security_opt) or None,
@@ -309,7 +310,7 @@ class DockerEnvironment(BaseEnvironment):
             self.task_id, persistent=cfg.persistent, idle_lifetime_s=cfg.idle_lifetime_s, config_hash=cfg.container_hash()
         )
         try:
-            cid = self._api.create_container(
+            cid: str = self._api.create_container(
                 # The user applies per exec: an exec as root in a container
                 # whose user is not root gets no capabilities (_prepare needs them).
                 cfg.image, _PID1, name=name, labels=labels,
@@ -388,9 +389,10 @@ class DockerEnvironment(BaseEnvironment):
         for attempt in range(2):
             target, gen = cid or self._box["id"], self._gen
             try:
-                return self._api.exec_create(
+                created: dict[str, str] = self._api.exec_create(
                     target, cmd, stdin=stdin, environment=env, user=self._user if user is None else user
-                )["Id"]
+                )
+                return created["Id"]
             except errors.NotFound:
                 why = "was removed"
             except errors.APIError as exc:
@@ -516,7 +518,7 @@ class DockerEnvironment(BaseEnvironment):
         finally:
             helper.abandon()
 
-    def _with_spare_pids(self, fn: Any) -> bytes:
+    def _with_spare_pids(self, fn: Callable[[], bytes]) -> bytes:
         """Run ``fn`` with the pids limit raised a little, for a helper exec."""
         limit, cid = self.config.pids_limit, self._box["id"]
         if not limit or not cid:

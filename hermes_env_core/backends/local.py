@@ -236,6 +236,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
+        assert self.returncode is not None
         return self.returncode
 
 

@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from pydantic import Field, SecretStr
 
@@ -177,7 +177,7 @@ class SSHEnvironment(BaseEnvironment):
             if old is not None:
                 reason = old.get_exception()
                 old.close()
-            t = self._conn.connect(self.config, self._known_hosts)
+            t = cast("paramiko.Transport", self._conn.connect(self.config, self._known_hosts))
             try:
                 self._probe(t)
             except BaseException:
@@ -244,7 +244,7 @@ class SSHEnvironment(BaseEnvironment):
         for attempt in (0, 1):
             t = self._live()
             try:
-                chan = self._conn.open_channel(t, timeout)
+                chan: paramiko.Channel = self._conn.open_channel(t, timeout)
             except self._conn.LOST_ERRORS as exc:
                 if attempt == 0 and not t.is_active():
                     self._drop(t)
@@ -274,6 +274,7 @@ class SSHEnvironment(BaseEnvironment):
         t = self._transport
         if t is None or not t.is_active():
             return -1
+        code: int
         code, out = self._conn.run_simple(t, self._in_bash(script), timeout=self._cfg.connect_timeout)
         if code != 0:
             log.debug("ssh helper exited %s: %r", code, out[:200])
@@ -284,6 +285,7 @@ class SSHEnvironment(BaseEnvironment):
         t = self._transport
         if t is None or not t.is_active():
             return None
+        out: bytes
         _, out = self._conn.run_simple(t, self._in_bash(script), timeout=self._cfg.connect_timeout)
         return out
 
@@ -478,7 +480,7 @@ class _RemoteBash:
 
     def __init__(self, env: SSHEnvironment, chan: paramiko.Channel, payload: bytes | None) -> None:
         r, w = os.pipe()
-        self.stdout = os.fdopen(r, "rb", buffering=0)
+        self.stdout: IO[bytes] | None = os.fdopen(r, "rb", buffering=0)
         self.returncode: int | None = None
         self.error: BaseException | None = None
         self.pid: int | None = None
@@ -552,7 +554,7 @@ class _RemoteBash:
 
     def _status(self) -> int:
         chan = self._chan
-        sig = getattr(chan, "hermes_signal", None)
+        sig: int | None = getattr(chan, "hermes_signal", None)
         if sig:
             return -sig
         if chan.exit_status >= 0:

@@ -50,7 +50,8 @@ def add_command(
     **kwargs: Any,
 ) -> argparse.ArgumentParser:
     """A subcommand with a one-line summary (in the command list) and a description (in its --help)."""
-    return sub.add_parser(name, help=summary, description=description, **kwargs)
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description, **kwargs)
+    return parser
 
 
 def command_options() -> argparse.ArgumentParser:

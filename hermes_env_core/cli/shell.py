@@ -301,10 +301,10 @@ def _line_editing(env: BaseEnvironment, interactive: bool) -> Iterator[_State]:
 
 def _load_history(readline: Any, path: Path | None) -> int:
     if path is None:
-        return readline.get_current_history_length()
+        return int(readline.get_current_history_length())
     with contextlib.suppress(FileNotFoundError, OSError):
         readline.read_history_file(str(path))
-    return readline.get_current_history_length()
+    return int(readline.get_current_history_length())
 
 
 def _save_history(readline: Any, path: Path | None, start: int) -> None:

@@ -19,16 +19,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import BackendError, EnvironmentClosedError, EnvironmentUnavailable, HermesEnvError, UsageError
 from .channel import ChannelCommand, ChannelNotStarted, ChannelPool, ChannelStream
 from .handles import ProcessHandle, run_to_end
 from .options import EnvironmentConfig
 from .inputhints import wanted_input
-from .output import FrameSplitter, OutputCapture
+from .output import CapturedOutput, FrameSplitter, OutputCapture
 from .result import EXIT_CANCELLED, EXIT_CWD, EXIT_TIMEOUT, EndReason, ExecResult, Usage
-from .session import SessionState, ShellSession, StateParseError, WrappedCommand, check_command
+from .session import Frame, SessionState, ShellSession, StateParseError, WrappedCommand, check_command
+
+if TYPE_CHECKING:
+    from .snapshot import FilesRef, Snapshot
 
 __all__ = ["BaseEnvironment", "CancelToken", "StdinMode"]
 
@@ -53,8 +57,8 @@ class _Run:
     __slots__ = ("captured", "frame", "exit_code", "timed_out", "interrupted", "corrupt", "notes", "usage", "signal")
 
     def __init__(self) -> None:
-        self.captured = None
-        self.frame: tuple[int, str, str] | None = None
+        self.captured: CapturedOutput | None = None
+        self.frame: tuple[int, str, str | None] | None = None
         self.exit_code = 0
         self.timed_out = False
         self.interrupted = False
@@ -174,7 +178,7 @@ class BaseEnvironment(abc.ABC):
     def _kill_tree(self, handle: ProcessHandle, wrapped: WrappedCommand, *, graceful: bool) -> None:
         """Stop the command's whole process tree; the default signals the handle."""
         if graceful and hasattr(handle, "terminate"):
-            handle.terminate()  # type: ignore[attr-defined]
+            handle.terminate()
         else:
             handle.kill()
 
@@ -222,7 +226,8 @@ class BaseEnvironment(abc.ABC):
     @property
     def session(self) -> ShellSession:
         if self._uses_server():
-            return self._server_runner().current_session()
+            current: ShellSession = self._server_runner().current_session()
+            return current
         self._ensure_session()
         assert self._session is not None
         return self._session
@@ -488,6 +493,35 @@ class BaseEnvironment(abc.ABC):
 
         return fork_environment(self, n, paths=paths)
 
+    # -- snapshot files: a backend's own capture (optional hooks) ------------------
+    def snapshot_files(
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
+        """Capture this target's files for snapshot ``name``: write the parts into ``workdir``
+        (a private directory) and return a ``FilesRef`` whose ``kind`` is the backend's own
+        (not ``archive``, ``image`` or ``none``) and whose ``parts`` name those files; the core
+        stores their SHA-256 and refuses the whole snapshot when one differs. Return None to
+        let the core archive the working directory or ``paths`` over ``_run_bash``; raise
+        ``UnsupportedOperation`` (saying what works instead) when this target's files cannot be
+        captured. ``temporary``: the snapshot only seeds a ``fork`` and is removed after it.
+        Called between commands; the default (None) is the core's own choice per built-in backend.
+        A backend that overrides it also implements ``start_from_snapshot``."""
+        return None
+
+    @classmethod
+    def start_from_snapshot(
+        cls, snapshot: Snapshot, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+    ) -> BaseEnvironment:
+        """A new environment whose files are ``snapshot``'s (a ``Snapshot`` whose ``files.kind`` is
+        the one ``snapshot_files`` returned, parts already checked): prepare them, then call
+        ``create(**options)`` (options possibly changed) and return what it made. When the files
+        now live elsewhere, ``create(moved_dirs={old: new}, ...)`` says so: the session's cwd,
+        OLDPWD and directory stack follow them. The core then restores the session state into
+        the environment, and closes it if that fails."""
+        from ..errors import UnsupportedOperation
+
+        raise UnsupportedOperation(f"backend {cls.name!r} cannot start from a {snapshot.files.kind!r} snapshot")
+
     def close(self) -> None:
         """Release the environment; later ``execute()`` calls raise.
 
@@ -616,7 +650,7 @@ class BaseEnvironment(abc.ABC):
                 env_id=self.task_id,
             )
             base = self._snapshot(session, login=False)
-            if base[1] is None:
+            if base is None or base[1] is None:
                 raise EnvironmentUnavailable(
                     f"{self.name}: bash in the target did not report its state; is bash installed there?"
                 )
@@ -963,7 +997,5 @@ def _end_reason(run: _Run, exit_code: int, usage: Usage) -> tuple[EndReason, int
     return EndReason.EXITED, None
 
 
-def _frame(raw: tuple[int, str, str]):
-    from .session import Frame
-
+def _frame(raw: tuple[int, str, str | None]) -> Frame:
     return Frame(exit_code=raw[0], cwd=raw[1], state_text=raw[2])

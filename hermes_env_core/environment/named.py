@@ -250,7 +250,7 @@ class NamedRunner(ServerRunner):
         self._runs = 0
         self._timer: threading.Timer | None = None
 
-    def run(self, command: str, **kwargs: Any) -> Any:  # type: ignore[override]
+    def run(self, command: str, **kwargs: Any) -> Any:
         self._runs += 1
         if self._timer is not None:
             self._timer.cancel()
@@ -270,7 +270,7 @@ class NamedRunner(ServerRunner):
             server = self._server
             if runs is not None and runs != self._runs:
                 return  # another command came meanwhile
-            if self._closed or not isinstance(server, NamedServer) or not server.alive:
+            if self._closed or self.binding.ending or not isinstance(server, NamedServer) or not server.alive:
                 return
             if server.dirty:
                 try:
@@ -480,14 +480,15 @@ class NamedBinding:
 
     def closing(self, env: BaseEnvironment) -> None:
         """``close()`` ends the session: attach first when nothing ran, so that its server is ended."""
-        self.ending = True
-        if env._runner is None or env._runner._server is None:
-            try:
-                runner = env._server_runner()
-                with runner._lock:
+        self.ending = True  # from here on the runner does not let go of its server (_let_go)
+        try:
+            runner = env._server_runner()
+            # Under the runner's lock: a let-go under way (its timer) ends first; its server is attached again.
+            with runner._lock:
+                if runner._server is None:
                     runner._ensure()
-            except HermesEnvError as exc:
-                _log.debug("session %s: not reached at close: %s", self.name, exc)
+        except HermesEnvError as exc:
+            _log.debug("session %s: not reached at close: %s", self.name, exc)
         self.store.remove(self.name)
         cleanup = env.cleanup
         keeps = getattr(type(env), "background_options", None)

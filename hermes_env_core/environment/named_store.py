@@ -149,7 +149,8 @@ def state_to_json(state: SessionState | None) -> dict[str, Any] | None:
     for f in dataclasses.fields(state):
         value = getattr(state, f.name)
         out[f.name] = sorted(value) if isinstance(value, frozenset) else value
-    return json.loads(json.dumps(out))
+    loaded: dict[str, Any] = json.loads(json.dumps(out))
+    return loaded
 
 
 def _tuples(value: Any) -> Any:

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 __all__ = ["CapturedOutput", "FrameSplitter", "OutputCapture", "DEFAULT_MAX_OUTPUT_BYTES"]
 
@@ -48,7 +49,7 @@ class OutputCapture:
         self._tail_len = 0
         self.total = 0
         self._spill_dir = spill_dir
-        self._spill: object | None = None
+        self._spill: BinaryIO | None = None
         self.spill_path: str | None = None
         self._on_output = on_output
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace") if on_output else None
@@ -67,7 +68,7 @@ class OutputCapture:
                 self._overflow()
             return
         if self._spill is not None:
-            self._spill.write(data)  # type: ignore[attr-defined]
+            self._spill.write(data)
         self._tail.append(data)
         self._tail_len += len(data)
         while self._tail and self._tail_len - len(self._tail[0]) >= self._half:
@@ -86,7 +87,7 @@ class OutputCapture:
                 prefix=time.strftime("hermes-output-%Y%m%d-%H%M%S-"), suffix=".log", dir=self._spill_dir
             )
             self._spill = os.fdopen(fd, "wb")
-            self._spill.write(buf)  # type: ignore[attr-defined]
+            self._spill.write(buf)
 
     def finish(self) -> CapturedOutput:
         if self._decoder is not None and self._on_output is not None:
@@ -94,7 +95,7 @@ class OutputCapture:
             if text:
                 self._on_output(text)
         if self._spill is not None:
-            self._spill.close()  # type: ignore[attr-defined]
+            self._spill.close()
             self._spill = None
         if self._head is None:
             data = self._buf

@@ -68,13 +68,14 @@ class _Control:
         """Signal the tree (``server``: 1 stops the server first, 2 also kills it, 3 signals it too);
         how many were found. ``start_ticks``: the server's start time; nothing is done to another
         process with its id. A target that does not answer in time (a paused container) raises."""
-        box: dict[str, object] = {}
+        found: list[int] = []
+        failed: list[BaseException] = []
 
         def io() -> None:
             try:
-                box["n"] = self._signal(f"{pid} {sig} {since_ticks} {server} {last_pid} {start_ticks}\n")
+                found.append(self._signal(f"{pid} {sig} {since_ticks} {server} {last_pid} {start_ticks}\n"))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                box["e"] = exc
+                failed.append(exc)
 
         t = threading.Thread(target=io, name="hermes-env-kill", daemon=True)
         t.start()
@@ -83,9 +84,9 @@ class _Control:
             # Left as it is (closing a stream into a frozen target can block): a new one is opened.
             self.stuck = True
             raise TimeoutError("the target did not answer the kill request")
-        if "e" in box:
-            raise box["e"]  # type: ignore[misc]
-        return int(box["n"])  # type: ignore[call-overload]
+        if failed:
+            raise failed[0]
+        return found[0]
 
     def _signal(self, request: str) -> int:
         self._stream.write(request.encode())
@@ -127,7 +128,7 @@ class ServerRunner:
         self._control_first = control_first
         # Weak: the runner's threads must not keep an unclosed environment alive.
         self._note_ref = weakref.WeakMethod(note) if hasattr(note, "__self__") else (lambda: note)
-        self._explain_ref = (
+        self._explain_ref: Callable[[], Callable[[float], tuple[int, str] | None] | None] = (
             weakref.WeakMethod(explain_lost) if explain_lost is not None and hasattr(explain_lost, "__self__")
             else (lambda: explain_lost)
         )
@@ -251,12 +252,12 @@ class ServerRunner:
                 why = None
             except StateParseError as exc:
                 _log.debug("%s: hand-over state unreadable: %s", self.label, exc)
-        state = self.session.state
-        if state is not None:
+        current = self.session.state
+        if current is not None:
             if handover is None and self._last_status is not None:
                 # `$?` changes with every command, the checkpoint only with those that change the state
-                state = SessionState(**{**state.__dict__, "last_status": self._last_status})
-            self._restore(server, state)
+                current = SessionState(**{**current.__dict__, "last_status": self._last_status})
+            self._restore(server, current)
         if why is not None:
             self._note(f"{why}; a new session server was started with {source}")
         self._lost = None

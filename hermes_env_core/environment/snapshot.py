@@ -3,7 +3,8 @@
 A snapshot is a directory under ``$XDG_STATE_HOME/hermes-env/snapshots/NAME``
 (0700): ``manifest.json`` (what it is, and the SHA-256 of every part),
 ``manifest.sha256``, ``state.json`` (the session state, secrets left out) and
-the files part (archives, or for docker a committed image named in the manifest).
+the files part (archives, for docker a committed image named in the manifest, or
+the parts a backend's own ``snapshot_files`` wrote, such as apptainer's overlay).
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ class FilesRef:
     """Where a snapshot's files are.
 
     ``kind``: ``archive`` (one tar per root in ``parts``, ``roots`` the paths they
-    came from), ``image`` (a docker image: ``ref`` its tag, ``digest`` its id) or
-    ``none`` (a state-only snapshot).
+    came from), ``image`` (a docker image: ``ref`` its tag, ``digest`` its id),
+    ``none`` (a state-only snapshot), or a backend's own kind (``snapshot_files``:
+    its ``parts`` are files in the snapshot, checked by SHA-256 like archives).
     """
 
     kind: str
@@ -359,7 +361,7 @@ def load_snapshot(name: str | Snapshot, *, verify_archives: bool = True) -> Snap
             )
     state_text = (path / STATE).read_text(encoding="ascii", errors="strict")
     state_from_json(state_text)
-    if verify_archives:
+    if verify_archives and files.kind == "archive":  # a backend's own kind checks its parts when it starts
         for part in files.parts:
             check_archive(path / part, where)
     return dataclasses.replace(snap, state_text=state_text)

@@ -3,6 +3,8 @@
 Files per backend: local, an archive of the working tree (or of declared
 paths) made here; ssh, the same made by ``tar`` on the host; docker, a commit
 of the container with its workspace volume's contents folded into the image.
+A backend may capture its own files instead (``BaseEnvironment.snapshot_files``
+and ``start_from_snapshot``, as the singularity plugin copies its overlay).
 Any other backend gets ``UnsupportedOperation`` (or a state-only snapshot,
 ``files=False``).
 """
@@ -50,6 +52,7 @@ __all__ = ["environment_from_snapshot", "fork_environment", "remove_image", "tak
 
 _log = logging.getLogger(__name__)
 FILE_BACKENDS = ("local", "ssh", "docker")
+CORE_KINDS = ("archive", "image", "none")
 DEFAULT_MAX_BYTES = 2 << 30
 _MARK = b"\x1ehermes-snapshot-archive\n"
 _IMAGE_REPO = "hermes-env-snapshot"
@@ -57,9 +60,17 @@ _IMAGE_REPO = "hermes-env-snapshot"
 _NOT_CARRIED = frozenset({"task_id", "persistent", "cwd"})
 
 
+def _own_hook(env: BaseEnvironment) -> bool:
+    """Whether ``env``'s class captures its files itself (overrides ``snapshot_files``)."""
+    from .base import BaseEnvironment
+
+    return type(env).snapshot_files is not BaseEnvironment.snapshot_files
+
+
 def _unsupported(env_name: str, what: str) -> UnsupportedOperation:
     return UnsupportedOperation(
-        f"backend {env_name!r} cannot {what}: snapshots of files and forks work on {', '.join(FILE_BACKENDS)}; "
+        f"backend {env_name!r} cannot {what}: snapshots of files and forks work on {', '.join(FILE_BACKENDS)} "
+        "and on backends that capture their own files (snapshot_files); "
         f"on {env_name!r} take a state-only snapshot instead (env.snapshot(files=False): cwd, variables, "
         "functions, aliases and options, no files) and start a new environment from it"
     )
@@ -105,7 +116,7 @@ def take_snapshot(
     name = check_name(name) if name is not None else new_name()
     if not _temporary and (snapshots_dir() / name).exists():
         raise UsageError(f"a snapshot named {name!r} already exists; remove it first (hermes-env snapshots rm {name})")
-    if files and env.name not in FILE_BACKENDS:
+    if files and env.name not in FILE_BACKENDS and not _own_hook(env):
         raise _unsupported(env.name, "take a snapshot of its files")
     if paths is not None and env.name == "docker":
         raise HermesEnvError("docker: a snapshot commits the whole container; paths= is for local and ssh")
@@ -119,7 +130,10 @@ def take_snapshot(
     )
     workdir = Path(tempfile.mkdtemp(prefix="hermes-env-fork-")) if _temporary else new_workdir(name)
     try:
-        if not files:
+        ref = _capture_own(env, name, workdir, paths, _temporary) if files and _own_hook(env) else None
+        if ref is not None:
+            pass
+        elif not files:
             ref = FilesRef("none")
         elif env.name == "docker":
             ref = _capture_docker(env, name, workdir, temporary=_temporary)
@@ -136,6 +150,28 @@ def take_snapshot(
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
+
+
+def _capture_own(
+    env: BaseEnvironment, name: str, workdir: Path, paths: Sequence[str] | None, temporary: bool
+) -> FilesRef | None:
+    """The backend's own capture (None: the core's archives); its record checked."""
+    ref = env.snapshot_files(workdir, name, paths=paths, temporary=temporary)
+    if ref is None:
+        return None
+    if not isinstance(ref, FilesRef) or ref.kind in CORE_KINDS or not check_kind(ref.kind):
+        raise HermesEnvError(
+            f"{env.name}: snapshot_files returned {ref!r}; it must be a FilesRef of the backend's own kind "
+            f"(letters, digits, '_' or '-'; not {', '.join(CORE_KINDS)})"
+        )
+    for part in ref.parts:
+        if "/" in part or part.startswith(".") or not (workdir / part).is_file():
+            raise HermesEnvError(f"{env.name}: snapshot_files named part {part!r}, which is not a file it wrote in {workdir}")
+    return ref
+
+
+def check_kind(kind: str) -> bool:
+    return isinstance(kind, str) and bool(kind) and len(kind) <= 40 and kind.replace("_", "a").replace("-", "a").isalnum()
 
 
 def _check_roots(env: BaseEnvironment, roots: Sequence[str]) -> tuple[str, ...]:
@@ -199,7 +235,7 @@ def _archive_there(env: BaseEnvironment, root: str, out: Path, budget: int) -> N
     code, data = run_to_end(handle, timeout=3600.0)
     head, sep, body = data.partition(_MARK)
     if not sep or code not in (0, 1):  # tar: 1 = a file changed while it was read
-        why = "not a directory" if code == 3 else f"exit {code}"
+        why = {3: "not a directory", 127: "the target has no tar"}.get(code, f"exit {code}")
         raise HermesEnvError(f"{env.name}: archiving {root} failed ({why}): {head[-300:].decode(errors='replace')}")
     if len(body) > budget:
         raise HermesEnvError(f"{env.name}: {root} is over {budget} bytes archived; snapshot fewer paths (paths=[...])")
@@ -338,6 +374,8 @@ def environment_from_snapshot(
         opts.update(image=snap.files.ref, pull="never")
         if "workspace" not in options:  # the workspace's files are in the image: a new volume gets them
             opts.update(workspace="ephemeral", workspace_source=None)
+    elif kind not in CORE_KINDS:
+        return _from_own(factory, snap, opts)
     elif kind == "archive" and snap.backend == "local":
         base, fresh = _local_dest(restore_to)
         dirs = _dest_dirs(snap.files.roots, base)
@@ -373,6 +411,28 @@ def environment_from_snapshot(
             where = ", ".join(f"{r} -> {d}" for r, d in dirs.items())
             env._note(f"started from snapshot {snap.name!r}: its files were restored into {where}")  # noqa: SLF001
         _start_from(env, snap, state0, cwd, dirs)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _from_own(factory: EnvironmentFactory, snap: Snapshot, opts: dict[str, Any]) -> BaseEnvironment:
+    """A snapshot of a backend's own kind: the backend makes the environment with the files
+    (``start_from_snapshot``), the core restores the state, moved with the files if they moved."""
+    moved: dict[str, str] = {}
+
+    def create(*, moved_dirs: Mapping[str, str] | None = None, **options: Any) -> BaseEnvironment:
+        moved.update(moved_dirs or {})
+        cwd = _map(snap.state.cwd, moved) if moved else None
+        if cwd is not None:
+            options["cwd"] = cwd
+        return factory.create(snap.backend, **options)
+
+    env = factory.registry.load(snap.backend).start_from_snapshot(snap, opts, create)
+    try:
+        state = snap.state
+        _start_from(env, snap, state, _map(state.cwd, moved) if moved else None, moved)
     except BaseException:
         env.close()
         raise
@@ -462,7 +522,7 @@ def fork_environment(env: BaseEnvironment, n: int, *, paths: Sequence[str] | Non
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"fork(n): n must be a whole number >= 1, got {n!r}")
-    if env.name not in FILE_BACKENDS:
+    if env.name not in FILE_BACKENDS and not _own_hook(env):
         raise _unsupported(env.name, "fork")
     snap = take_snapshot(env, f"fork-{os.urandom(4).hex()}", paths=paths, _temporary=True)
     factory = EnvironmentFactory()

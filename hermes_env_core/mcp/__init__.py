@@ -18,7 +18,7 @@ DEFAULT_IDLE_TIMEOUT_S = 1800.0
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``mcp`` command to ``hermes-env``'s subparsers."""
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "mcp",
         help="serve a shell on the chosen backend as an MCP server (stdio, or --http)",
         description=(

@@ -202,7 +202,8 @@ async def _in_thread(fn: Callable[[], dict[str, Any]], cancel: threading.Event, 
     ok, value = outcome[0]
     if not ok:
         raise value
-    return value
+    result: dict[str, Any] = value
+    return result
 
 
 def _progress_token(ctx: Any) -> Any:
@@ -276,7 +277,7 @@ def _sync(method: str) -> Callable[..., Any]:
             return shell.spawn(args["command"], cwd=args.get("cwd"), watch=args.get("watch"),
                                watch_regex=args.get("watch_regex"), pty=bool(args.get("pty", False)))
         if method == "process_output":
-            kw = {k: args[k] for k in ("since", "max_bytes") if k in args}
+            kw: dict[str, Any] = {k: args[k] for k in ("since", "max_bytes") if k in args}
             return shell.process_output(args["id"], **kw)
         if method == "process_wait":
             return shell.process_wait(args["id"], timeout=float(args.get("timeout", 30.0)), cancel=cancel)
@@ -316,7 +317,8 @@ def session_key(ctx: Any, *, http: bool) -> str | None:
     headers = getattr(request, "headers", None)
     if headers is None:
         return None
-    return headers.get(_SESSION_HEADER)
+    key = headers.get(_SESSION_HEADER)
+    return None if key is None else str(key)
 
 
 def build_server(table: SessionTable, *, http: bool) -> Server[Any]:

@@ -43,7 +43,7 @@ _OPT_NUM = {"type": ["number", "null"]}
 _PID = {"type": "string", "description": "the id spawn returned (bg-...)"}
 _TASK = {"type": "string", "description": "the environment's task id (one environment per MCP session)"}
 
-_PROCESS = {
+_PROCESS: dict[str, Any] = {
     "type": "object",
     "properties": {
         "id": _STR,

@@ -471,7 +471,7 @@ def cmd_logs(args: argparse.Namespace, opener: EnvironmentOpener) -> int:
         out.write(data)
         out.flush()
         offset = len(data)
-        if args.follow and proc is not None and proc.running:
+        if args.follow and proc is not None and driver is not None and proc.running:
             pos = offset
             while True:
                 chunk = proc.read(pos)

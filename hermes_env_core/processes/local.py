@@ -350,7 +350,7 @@ class LocalPtyDriver(_Follower):
         self, *, bash: str, script: str, env: dict[str, str], login: bool = False, size: tuple[int, int] = (24, 80)
     ) -> None:
         try:
-            from ptyprocess import PtyProcess
+            from ptyprocess import PtyProcess  # type: ignore[import-untyped]
         except ImportError as exc:  # pragma: no cover - a declared dependency
             raise ProcessError("pty=True needs the ptyprocess package: pip install ptyprocess") from exc
         self._pty = PtyProcess.spawn(_pty_bash_args(bash, script, login), env=env, dimensions=size)
@@ -384,7 +384,7 @@ class LocalPtyDriver(_Follower):
         super()._close()
 
     def _write_fd(self) -> int:
-        return self._pty.fd
+        return int(self._pty.fd)
 
     def close_stdin(self) -> None:
         # A terminal has no EOF of its own: Ctrl-D (VEOF) at the start of a line is one.

@@ -474,7 +474,7 @@ class NotOursDriver:
 
     def __init__(self, rec: dict[str, Any]) -> None:
         self.pid: int | None = rec.get("pid")
-        self._rec = {k: rec[k] for k in ("driver", "pid", "start_time", "dir") if k in rec}
+        self._rec: dict[str, Any] = {k: rec[k] for k in ("driver", "pid", "start_time", "dir") if k in rec}
 
     def start(self, proc: BackgroundProcess) -> None:
         pass
@@ -482,7 +482,7 @@ class NotOursDriver:
     def _refuse(self, *args: object) -> None:
         raise ProcessError(f"pid {self.pid} is not a process of ours any more; refusing to touch it")
 
-    write = close_stdin = send_signal = kill_tree = set_window_size = _refuse  # type: ignore[assignment]
+    write = close_stdin = send_signal = kill_tree = set_window_size = _refuse
 
     def stop(self) -> None:
         pass

@@ -141,6 +141,6 @@ def open_pidfd(pid: int) -> int | None:
     if opener is None:
         return None
     try:
-        return opener(pid)
+        return int(opener(pid))
     except OSError:
         return None

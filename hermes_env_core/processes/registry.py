@@ -8,6 +8,7 @@ the pool never reaps one while they run).
 from __future__ import annotations
 
 import atexit
+import builtins
 import logging
 import os
 import queue
@@ -323,13 +324,13 @@ class ProcessRegistry:
             return any(p.running and getattr(p, "_env_ref", lambda: None)() is env for p in self._procs.values())
 
     @property
-    def pending(self) -> list[dict[str, Any]]:
+    def pending(self) -> builtins.list[dict[str, Any]]:
         """Checkpoint records of live processes not yet recovered."""
         with self._lock:
             return list(self._pending.values())
 
     # -- hygiene -----------------------------------------------------------------------
-    def prune(self) -> list[str]:
+    def prune(self) -> builtins.list[str]:
         """Forget ended processes older than ``keep_finished_s`` or beyond ``keep_finished``; their ids."""
         now = time.time()
         with self._lock:
@@ -350,7 +351,7 @@ class ProcessRegistry:
             self._save()
         return [p.id for p in drop]
 
-    def forget(self, ids: Iterable[str]) -> list[str]:
+    def forget(self, ids: Iterable[str]) -> builtins.list[str]:
         """Drop ended processes (followed, or only recorded) from the listing and the checkpoint; their ids.
 
         A running one is kept. Files in the target are removed for the ones followed here.
@@ -478,7 +479,7 @@ class ProcessRegistry:
         with self._lock:
             self._forgotten -= owned  # gone from the file now
 
-    def recover(self, env: BaseEnvironment | None = None) -> list[BackgroundProcess]:
+    def recover(self, env: BaseEnvironment | None = None) -> builtins.list[BackgroundProcess]:
         """Take back the checkpoint's live processes that belong to ``env``'s target.
 
         One whose pid still belongs to the same process (same start time) is

@@ -494,7 +494,7 @@ def _members(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
             raise SyncError(f"pulled archive is corrupt: {exc}") from exc
         if ti is None:
             return
-        tf.members.clear()  # stream mode keeps every header otherwise
+        tf.members.clear()  # type: ignore[attr-defined]  # stream mode keeps every header otherwise
         yield ti
 
 

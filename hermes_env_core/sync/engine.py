@@ -7,12 +7,14 @@ SHA-256 of what was pushed, bookkeeping committed only when a transfer succeeds.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from ..errors import ConfigError, SyncConflictError, SyncError, UnsafeArchiveError
 from .archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBERS, PushArchive, StreamReader
@@ -20,6 +22,9 @@ from .filters import Stat
 from .journal import PendingPull, SyncJournal
 from .mapping import MappingState, SyncMapping
 from .transport import FileSyncTransport, TransportError, is_transient
+
+if TYPE_CHECKING:
+    from .pull import PullResult
 
 __all__ = [
     "FORCE_ENV",
@@ -239,14 +244,15 @@ class SyncEngine:
                 ordered = sorted(dirs, key=lambda d: (-d.count("/"), d))
                 self._trace("push-delete", f"{anchor}: {len(files)} files")
                 self._with_retry(f"deleting {len(files)} files under {anchor!r}",
-                                 lambda a=anchor, f=files, d=ordered: self.transport.delete(a, f, d))
+                                 functools.partial(self.transport.delete, anchor, files, ordered))
             producer.start()
             done_files = done_bytes = 0
             for anchor, arch in archives.items():
                 if arch.wait_started():
                     self._upload(anchor, arch, report, done_files, done_bytes, files_total, bytes_total)
                 with arch.cond:
-                    arch.cond.wait_for(lambda a=arch: a.done)
+                    while not arch.done:
+                        arch.cond.wait()
                 if arch.error is not None:
                     raise arch.error
                 done_files += arch.members
@@ -315,7 +321,7 @@ class SyncEngine:
                 raise arch.error
             reader = StreamReader(arch, progress if report is not None else None)
             self._trace("push-upload", f"{anchor}: attempt {attempts[0]}")
-            self.transport.upload(anchor, reader, size)
+            self.transport.upload(anchor, cast(BinaryIO, reader), size)
             with arch.cond:
                 arch.cond.wait_for(lambda: arch.done)
             if arch.error is not None:
@@ -345,7 +351,7 @@ class SyncEngine:
         return out
 
     # -- pull -----------------------------------------------------------------
-    def pull(self, *, progress: ProgressCallback | None = None):  # -> PullResult
+    def pull(self, *, progress: ProgressCallback | None = None) -> PullResult:
         """Bring the target's changes back to the host; see ``pull.py``.
 
         Returns a ``PullResult``. Raises ``UnsafeArchiveError`` (nothing

@@ -147,7 +147,8 @@ class _ChannelStream(io.RawIOBase):
 
     @property
     def timeout_s(self) -> float | None:
-        return self._chan.gettimeout()
+        timeout: float | None = self._chan.gettimeout()
+        return timeout
 
     def _abort(self) -> None:
         self._done = True

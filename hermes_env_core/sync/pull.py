@@ -30,6 +30,7 @@ the writes run, and a refused archive leaves the host untouched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import posixpath
 import secrets
@@ -126,7 +127,7 @@ def run_pull(engine: SyncEngine, report: ProgressCallback | None) -> PullResult:
             if state.mapping.upload_only:
                 continue
             current = state.remote_path
-            tree = engine._with_retry(f"downloading {state.remote_path!r}", lambda s=state: _download(engine, s))
+            tree = engine._with_retry(f"downloading {state.remote_path!r}", functools.partial(_download, engine, state))
             if tree is None:
                 missing.append(state.remote_path)
                 continue
@@ -137,7 +138,7 @@ def run_pull(engine: SyncEngine, report: ProgressCallback | None) -> PullResult:
         with contextlib.ExitStack() as locks:
             for path in sorted({s.lock_path() for s, _ in trees}):
                 lock = TreeLock(path, lock_dir=engine.lock_dir, timeout=engine.lock_timeout,
-                                on_wait=lambda p=path: engine._trace("lock-wait", p))
+                                on_wait=functools.partial(engine._trace, "lock-wait", path))
                 locks.enter_context(lock)
             engine._trace("lock-acquired", "")
             plans = []

@@ -15,7 +15,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, cast, runtime_checkable
 
 from ..errors import EnvironmentUnavailable, SyncError, UnsafeArchiveError
 
@@ -192,7 +192,7 @@ class CommandTransport:
         if not first:
             stream.close()
             return None
-        return _Prefixed(first, stream)
+        return cast(BinaryIO, _Prefixed(first, stream))
 
 
 class _Prefixed(io.RawIOBase):

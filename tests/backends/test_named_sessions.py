@@ -157,6 +157,21 @@ def test_python_detach_leaves_it_running_and_close_ends_it(state_home):
     assert SessionStore().names() == []
 
 
+def test_close_while_the_environment_lets_go_of_its_server_still_ends_it(state_home, monkeypatch):
+    """After a command the environment lets go of the session's server (a timer); a close()
+    that comes meanwhile must attach again and end it, not leave it running with no record."""
+    from hermes_env_core.environment import named
+
+    monkeypatch.setattr(named, "_RELEASE_AFTER_S", 0.0)  # the let-go runs as close() begins
+    for round_ in range(6):
+        env = create_environment("local", session=f"race{round_}")
+        assert env.execute("echo hi").output == "hi\n"
+        pid = record(state_home, f"race{round_}")["server_pid"]
+        env.close()
+        assert wait_until(lambda: not pid_alive(pid), 10.0), f"round {round_}: the server outlived close()"
+    assert SessionStore().names() == []
+
+
 def test_a_command_that_ends_the_shell_leaves_its_state_to_the_next_call(state_home):
     r = cli(state_home, "run", "--session", "ex", "cd /var; X=5; exit 3")
     assert r.returncode == 3, r.stderr

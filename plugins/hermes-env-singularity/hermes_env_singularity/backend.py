@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import fnmatch
-import hashlib
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from hermes_env_core.backends.local import ProcessTree, feed_stdin, filter_environment
@@ -30,12 +30,22 @@ from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.channel import ChannelStream, PipeStream
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.session import WrappedCommand
-from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavailable
+from hermes_env_core.environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot
+from hermes_env_core.errors import BackendError, ConfigError, EnvironmentUnavailable, UnsupportedOperation
 
 from .config import SingularityConfig
 from .images import ResolvedImage, resolve_image
 from .instances import instance_name, list_instances, stop_instance, sweep_in_background
 from .runtime import Runtime, RuntimeNotFoundError, client_env, find_runtime, last_error
+from .snapshots import (
+    OVERLAY_KIND,
+    OVERLAY_PART,
+    archive_overlay,
+    check_overlay_archive,
+    overlay_path,
+    remove_overlay,
+    unpack_overlay,
+)
 
 __all__ = ["SingularityConfig", "SingularityEnvironment"]
 
@@ -129,6 +139,7 @@ class SingularityEnvironment(BaseEnvironment):
         self._gone = False
         self._finalizer: weakref.finalize | None = None
         self._overlay_fd = -1
+        self._drop_overlay = False  # made from a snapshot for this environment alone: removed at cleanup
         self._lock = threading.Lock()
         self.limits_applied = False
         self._binds = [b.spec(_bind_source(b.source)) for b in cfg.binds]
@@ -277,11 +288,7 @@ class SingularityEnvironment(BaseEnvironment):
     def _lock_overlay(self) -> str:
         cfg: SingularityConfig = self.config  # type: ignore[assignment]
         assert cfg.task_id
-        root = os.path.expanduser(
-            cfg.overlay_dir or os.path.join(os.path.expanduser("~"), ".cache", "hermes-env", "singularity", "overlays")
-        )
-        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.task_id)[:40]
-        path = os.path.join(root, f"{slug}-{hashlib.sha256(cfg.task_id.encode()).hexdigest()[:8]}")
+        path = overlay_path(cfg.overlay_dir, cfg.task_id)
         os.makedirs(path, mode=0o700, exist_ok=True)
         fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -299,6 +306,63 @@ class SingularityEnvironment(BaseEnvironment):
         if self._overlay_fd >= 0:
             os.close(self._overlay_fd)
             self._overlay_fd = -1
+
+    # -- snapshots: a copy of the persistent overlay ---------------------------------
+    def snapshot_files(
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
+        """A persistent overlay's ``upper`` directory as one tar part; with ``paths``, the core's
+        archives of those directories (any overlay mode)."""
+        if paths is not None:
+            return None
+        cfg: SingularityConfig = self.config  # type: ignore[assignment]
+        if cfg.overlay != "persistent" or self._overlay is None:
+            raise UnsupportedOperation(
+                f"singularity: a snapshot of the files copies the persistent overlay, and this environment has "
+                f"overlay={cfg.overlay!r}; use overlay='persistent' (with a task_id), or pass paths=[...] to archive "
+                "those directories, or files=False for the session state alone"
+            )
+        size = archive_overlay(self._overlay, workdir / OVERLAY_PART)
+        return FilesRef(OVERLAY_KIND, parts=(OVERLAY_PART,), size=size)
+
+    @classmethod
+    def start_from_snapshot(
+        cls, snapshot: Snapshot, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+    ) -> BaseEnvironment:
+        """A new persistent overlay from the snapshot's copy, then an instance on it. Without a
+        ``task_id`` one is made and the overlay goes with the environment at cleanup."""
+        if snapshot.files.kind != OVERLAY_KIND or snapshot.files.parts != (OVERLAY_PART,):
+            raise CorruptSnapshotError(
+                f"snapshot {snapshot.name!r}: singularity reads {OVERLAY_KIND!r} snapshots with one part "
+                f"{OVERLAY_PART}, not {snapshot.files.kind!r} {list(snapshot.files.parts)}; refused"
+            )
+        if options.get("overlay", "persistent") != "persistent":
+            raise ConfigError(
+                f"singularity: snapshot {snapshot.name!r} holds a persistent overlay; it starts with "
+                f"overlay='persistent', not {options['overlay']!r}"
+            )
+        archive = snapshot.part(OVERLAY_PART)
+        check_overlay_archive(archive, f"snapshot {snapshot.name!r}")
+        task_id = options.get("task_id")
+        made = task_id is None
+        if made:
+            task_id = f"{snapshot.name[:20]}-{os.urandom(4).hex()}"
+        path = overlay_path(options.get("overlay_dir"), str(task_id))
+        fresh = not os.path.exists(path)
+        try:
+            unpack_overlay(archive, path)
+        except BaseException:
+            if fresh:
+                remove_overlay(path)
+            raise
+        try:
+            env = create(**{**options, "overlay": "persistent", "task_id": task_id})
+        except BaseException:
+            remove_overlay(path)
+            raise
+        if made:
+            env._drop_overlay = True  # type: ignore[attr-defined]
+        return env
 
     # -- commands -------------------------------------------------------------------
     def _run_bash(
@@ -399,6 +463,8 @@ class SingularityEnvironment(BaseEnvironment):
                 stop_instance(self.runtime, name, env=self._client_env, grace=cfg.stop_timeout)
         finally:
             self._release_overlay()
+            if self._drop_overlay and self._overlay is not None:
+                remove_overlay(self._overlay)
 
 
 def _err_dir() -> str | None:
