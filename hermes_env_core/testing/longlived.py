@@ -232,18 +232,20 @@ class PrivacyConformance(DifferentialFixture):
         secret = "hermes-secret-" + secrets.token_hex(8)
         environment.execute(f"export HERMES_T_SECRET={secret}; HERMES_T_PLAIN={secret}x")
         # A process of the session runs while every command line in the target is read.
-        environment.execute("sleep 60.37 >/dev/null 2>&1 &")
+        # A duration of its own: the target may be this host, where another suite runs the same test.
+        sleeper = f"sleep 60.{secrets.randbelow(10**6):06d}"
+        environment.execute(f"{sleeper} >/dev/null 2>&1 &")
         try:
             dump = environment.execute(
                 # first until the job has exec'd sleep (a loaded machine may not have got there yet)
                 "for ((i = 0; i < 200; i++)); do for f in /proc/[0-9]*/cmdline; do "
-                "[[ $(tr '\\0' ' ' <\"$f\" 2>/dev/null) == 'sleep 60.37 ' ]] && break 2; done; sleep 0.05; done; "
+                f"[[ $(tr '\\0' ' ' <\"$f\" 2>/dev/null) == '{sleeper} ' ]] && break 2; done; sleep 0.05; done; "
                 "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\" 2>/dev/null; echo; done",
                 timeout=60,
             ).output
         finally:
-            environment.execute("kill $! 2>/dev/null; pkill -f 'sleep 60.37' 2>/dev/null; true")
-        assert "sleep 60.37" in dump, "the dump did not see the running command"
+            environment.execute(f"kill $! 2>/dev/null; pkill -xf '{sleeper}' 2>/dev/null; true")
+        assert sleeper in dump, "the dump did not see the running command"
         assert secret not in dump, [line for line in dump.splitlines() if secret in line]
 
     def test_child_cannot_forge_a_frame(self, environment: BaseEnvironment) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import io
 import os
+import secrets
 import shutil
 import stat
 import subprocess
@@ -29,18 +30,26 @@ from hermes_env_core.testing import EnvironmentConformance, wait_until
 pytestmark = pytest.mark.ssh
 
 
-def _clean_shared_tmp() -> None:
-    # The conformance suite uses fixed /tmp names; the same /tmp also serves the
-    # local backend's tests, which run as root, and a root-owned file there
-    # cannot be replaced by the test user (sticky /tmp).
+def _clean_shared_tmp(server) -> None:
+    """Remove the conformance suite's scratch files in /tmp that the test user owns.
+
+    Only the test user's: /tmp is this host's, shared with every other test of the run
+    and with a lane running beside this one (the local backend's and the Modal and
+    Daytona emulators' sandboxes are host processes writing the same
+    ``/tmp/hermes_t_*`` names). Sweeping them all once removed a file the other
+    lane's command had just written.
+    """
     for path in glob.glob("/tmp/hermes_t_*"):
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
+        try:
+            st = os.lstat(path)
+            if st.st_uid != server.uid:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 os.unlink(path)
-            except OSError:
-                pass
+        except OSError:
+            pass
 
 
 def _make(server, tmp_path: Path, **options) -> SSHEnvironment:
@@ -84,11 +93,11 @@ class TestSSHConformance(EnvironmentConformance):
 
     @pytest.fixture
     def environment(self, sshd_server, tmp_path):
-        _clean_shared_tmp()
+        _clean_shared_tmp(sshd_server)
         with _make(sshd_server, tmp_path, channel=True) as env:
             yield env
             assert env.channel_mode == "channel"
-        _clean_shared_tmp()
+        _clean_shared_tmp(sshd_server)
 
 
 class TestSSHProcessConformance(EnvironmentConformance):
@@ -98,10 +107,27 @@ class TestSSHProcessConformance(EnvironmentConformance):
 
     @pytest.fixture
     def environment(self, sshd_server, tmp_path):
-        _clean_shared_tmp()
+        _clean_shared_tmp(sshd_server)
         with _make(sshd_server, tmp_path, channel=False) as env:
             yield env
-        _clean_shared_tmp()
+        _clean_shared_tmp(sshd_server)
+
+
+def test_scratch_cleanup_leaves_files_of_other_users_alone(sshd_server, tmp_path):
+    # A root-owned scratch file stands for one of a lane running beside this one.
+    other = Path(f"/tmp/hermes_t_other_{secrets.token_hex(6)}")
+    other.write_text("the other lane's\n")
+    try:
+        with _make(sshd_server, tmp_path) as env:
+            mine = env.execute(
+                "f=/tmp/hermes_t_mine_$RANDOM$RANDOM; echo mine >$f; mkdir $f.d; echo $f"
+            ).output.strip()
+        assert os.lstat(mine).st_uid == sshd_server.uid
+        _clean_shared_tmp(sshd_server)
+        assert other.read_text() == "the other lane's\n"
+        assert not os.path.lexists(mine) and not os.path.lexists(mine + ".d")
+    finally:
+        other.unlink(missing_ok=True)
 
 
 # -- configuration -------------------------------------------------------------
