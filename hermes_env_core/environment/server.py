@@ -26,6 +26,7 @@ state it last read back while the session was idle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import re
@@ -62,6 +63,7 @@ BOOT_ARGV: tuple[str, ...] = (
 
 _MARK = b"\x1e"
 _HELLO_TIMEOUT_S = 60.0
+_QUEUED_CHUNKS = 64  # read-ahead of at most 64 chunks of 64 KiB
 _KILL_GRACE_CAP_S = 10.0
 
 
@@ -193,7 +195,10 @@ class SessionServer:
         self._opener = opener
         self.private_dir = private_dir
         self.label = label
-        self._chunks: queue.Queue[bytes] = queue.Queue()
+        # Bounded: a command that writes faster than the client consumes (``yes``) waits on
+        # its pipe, as it would writing to a terminal, instead of filling this process's memory.
+        self._chunks: queue.Queue[bytes] = queue.Queue(maxsize=_QUEUED_CHUNKS)
+        self._closed = threading.Event()
         self._buf = b""
         self._stream = opener(BOOT_ARGV)
         self._dead = threading.Event()
@@ -219,12 +224,23 @@ class SessionServer:
                 data = self._stream.read(1 << 16)
                 if not data:
                     break
-                self._chunks.put(bytes(data))
+                if not self._queue(bytes(data)):
+                    break
         except Exception as exc:  # noqa: BLE001 - a broken stream is a lost server
             _log.debug("%s: stream read failed: %r", self.label, exc)
         finally:
             self._dead.set()
-            self._chunks.put(b"")
+            self._queue(b"")
+
+    def _queue(self, data: bytes) -> bool:
+        """Hand ``data`` to the client, waiting while the queue is full; False once closed."""
+        while not self._closed.is_set():
+            try:
+                self._chunks.put(data, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def _send(self, data: bytes) -> None:
         try:
@@ -240,7 +256,8 @@ class SessionServer:
         except queue.Empty:
             return None
         if not data:
-            self._chunks.put(b"")  # keep saying so
+            with contextlib.suppress(queue.Full):
+                self._chunks.put_nowait(b"")  # keep saying so
             raise ServerLost(f"{self.label}: the session server ended")
         return data
 
@@ -513,6 +530,7 @@ class SessionServer:
         return b"".join(out)
 
     def close(self) -> None:
+        self._closed.set()  # the reader thread stops waiting for room in the queue
         try:
             self._stream.close()
         except Exception:  # noqa: BLE001 - closing is best effort

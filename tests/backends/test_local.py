@@ -188,6 +188,27 @@ def test_yes_until_timeout_memory_bounded():
     assert int(out.stdout.strip()) < 64
 
 
+def test_a_slow_consumer_holds_the_command_back_instead_of_buffering_its_output():
+    """The output callback is slow (a busy caller, a loaded machine): the command waits on
+    its pipe, as on a slow terminal; this process does not read ahead without bound."""
+    script = textwrap.dedent(
+        """
+        import resource, time
+        from hermes_env_core.backends.local import LocalEnvironment
+        with LocalEnvironment() as env:
+            env.execute("true")
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            r = env.execute("yes", timeout=2, on_output=lambda text: time.sleep(0.01))
+            after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        assert r.timed_out, r
+        print((after - before) // 1024)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) < 64
+
+
 def test_missing_bash_is_a_clear_error():
     from hermes_env_core.errors import EnvironmentUnavailable
 
