@@ -535,6 +535,12 @@ class SessionServer:
             self._stream.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             _log.debug("%s: closing the stream failed", self.label, exc_info=True)
+        # Output nobody will take goes; a read after this sees the end at once.
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._chunks.get_nowait()
+        with contextlib.suppress(queue.Full):
+            self._chunks.put_nowait(b"")
 
 
 # Signals every process of the command's tree: the server's descendants that

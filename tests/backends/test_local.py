@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from hermes_env_core.backends.local import LocalConfig, LocalEnvironment, filter_environment
-from hermes_env_core.testing import EnvironmentConformance
+from hermes_env_core.testing import EnvironmentConformance, wait_until
 
 
 class TestLocalConformance(EnvironmentConformance):
@@ -234,3 +234,20 @@ def test_configured_cwd_missing_is_126_then_recovers():
 def test_configured_cwd_is_the_start_directory(tmp_path):
     with LocalEnvironment(cwd=str(tmp_path)) as env:
         assert env.execute("pwd").output == f"{tmp_path}\n"
+
+
+def test_a_server_closed_with_its_read_ahead_full_reads_as_ended_at_once():
+    import time
+
+    from hermes_env_core.environment.server import ServerLost
+
+    with LocalEnvironment() as env:
+        env.execute("true")
+        server = env._server_runner()._server
+        server.send_command("yes", cwd=None, stdin=None)
+        assert wait_until(lambda: server._chunks.full(), 20)
+        server.close()
+        started = time.monotonic()
+        with pytest.raises(ServerLost):
+            server._next(30.0)
+        assert time.monotonic() - started < 5
