@@ -237,10 +237,12 @@ def test_docker_persistent_container_stays_but_the_command_is_stopped(tmp_path, 
     client = ensure_engine()
 
     def mine() -> list[object]:
-        return client.containers.list(all=True, filters={"label": f"hermes-env.task-id={task}"})
+        # sparse: no inspect per container (one removed between the list and its inspect would raise)
+        return client.containers.list(all=True, sparse=True, filters={"label": f"hermes-env.task-id={task}"})
 
     try:
-        assert wait_until(lambda: any(_sleeps_in(c, marker) for c in mine()), 90)
+        started = wait_until(lambda: proc.poll() is not None or any(_sleeps_in(c, marker) for c in mine()), 90)
+        assert started and proc.poll() is None, proc.stderr.read().decode(errors="replace") if proc.poll() is not None else "no sleep"
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(WAIT) == 129
         [container] = mine()

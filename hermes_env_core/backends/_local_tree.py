@@ -205,13 +205,28 @@ class ProcessTree:
     finds and forgets nothing, so a child seen before its parent exited is
     still signalled after it has been re-parented."""
 
-    def __init__(self, root_pid: int) -> None:
+    def __init__(self, root_pid: int, *, reaped: bool = False) -> None:
+        """``reaped``: the root was already waited for, so its id may name another process now."""
         self.root_pid = root_pid
         self.seen: dict[int, psutil.Process] = {}
-        try:
-            self.seen[root_pid] = psutil.Process(root_pid)
-        except psutil.Error:
-            pass
+        if not reaped:
+            try:
+                self.seen[root_pid] = psutil.Process(root_pid)
+            except psutil.Error:
+                pass
+
+    def _group_is_ours(self) -> bool:
+        """Whether ``root_pid`` still names the root's process group. While our root lives
+        (a zombie too) it holds the id; once it is gone, a group member left holds the id, so
+        no new process can have it: a live process with that id means it was given out again."""
+        root = self.seen.get(self.root_pid)
+        if root is not None:
+            try:
+                if root.is_running():  # the same process (pid and start time)
+                    return True
+            except psutil.Error:
+                pass
+        return not psutil.pid_exists(self.root_pid)
 
     def refresh(self) -> None:
         for proc in list(self.seen.values()):
@@ -222,7 +237,7 @@ class ProcessTree:
             for kid in kids:
                 self.seen.setdefault(kid.pid, kid)
         # The group holds children whose parent already exited.
-        for proc in psutil.process_iter():
+        for proc in psutil.process_iter() if self._group_is_ours() else ():
             if proc.pid in self.seen:
                 continue
             try:
@@ -245,10 +260,11 @@ class ProcessTree:
         """Look again, then send ``sig`` to the tree and to the group."""
         self.refresh()
         self.signal(sig)
-        try:
-            os.killpg(self.root_pid, sig)
-        except OSError:
-            pass
+        if self._group_is_ours():
+            try:
+                os.killpg(self.root_pid, sig)
+            except OSError:
+                pass
 
     def signal(self, sig: int) -> None:
         procs = self.alive()

@@ -152,7 +152,7 @@ class _CommandPopen(subprocess.Popen):  # type: ignore[type-arg]
     def _stop(self, sig: int) -> None:
         self.stopping = True
         if self.tree is None:
-            self.tree = ProcessTree(self.pid)
+            self.tree = ProcessTree(self.pid, reaped=self.returncode is not None)
         stop_all(self.cgroup, self.tree, sig)
 
     def terminate(self) -> None:
