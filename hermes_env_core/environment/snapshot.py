@@ -66,7 +66,8 @@ class FilesRef:
     ``kind``: ``archive`` (one tar per root in ``parts``, ``roots`` the paths they
     came from), ``image`` (a docker image: ``ref`` its tag, ``digest`` its id),
     ``none`` (a state-only snapshot), or a backend's own kind (``snapshot_files``:
-    its ``parts`` are files in the snapshot, checked by SHA-256 like archives).
+    its ``parts`` are files in the snapshot, checked by SHA-256 like archives; none
+    when the files are kept elsewhere and ``ref`` names them, as a Modal image).
     """
 
     kind: str

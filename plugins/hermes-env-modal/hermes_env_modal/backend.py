@@ -7,16 +7,21 @@ class for it: ``DirectModalEnvironment`` (modal SDK) or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.channel import ChannelStream
-from hermes_env_core.errors import ConfigError
+from hermes_env_core.environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot
+from hermes_env_core.errors import ConfigError, EnvironmentUnavailable, UnsupportedOperation
 
 from .config import ModalConfig, resolve_mode
 
-__all__ = ["ModalEnvironment"]
+__all__ = ["MODAL_IMAGE_KIND", "ModalEnvironment"]
+
+#: A snapshot's files as a Modal filesystem snapshot: ``FilesRef.ref`` is the image id, no parts.
+MODAL_IMAGE_KIND = "modal-image"
 
 
 class ModalEnvironment(BaseEnvironment):
@@ -42,6 +47,45 @@ class ModalEnvironment(BaseEnvironment):
         """Direct mode runs the session server; managed mode one request per command."""
         return type(self)._open_channel is not ModalEnvironment._open_channel
 
+    # -- snapshots: Modal filesystem snapshots (direct mode) ----------------------------
+    def snapshot_files(
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
+        """Managed mode: the gateway keeps the sandbox's filesystem itself (direct mode overrides)."""
+        raise UnsupportedOperation(
+            f"modal: mode={self.mode!r} cannot snapshot or fork the sandbox's files: the managed gateway "
+            "offers no filesystem snapshot of its own to name (persistent=True with a task_id keeps the files "
+            "from one start to the next); use mode='direct' (Modal filesystem snapshots), or "
+            "env.snapshot(files=False) for the session state alone"
+        )
+
+    @classmethod
+    def start_from_snapshot(
+        cls, snapshot: Snapshot, options: dict[str, Any], create: Callable[..., BaseEnvironment]
+    ) -> BaseEnvironment:
+        """A direct-mode sandbox created from the snapshot's Modal image (``image_id``); the core
+        then restores the session state. The files keep their paths: nothing moved."""
+        files = snapshot.files
+        if files.kind != MODAL_IMAGE_KIND or not files.ref or files.parts:
+            raise CorruptSnapshotError(
+                f"snapshot {snapshot.name!r}: modal reads {MODAL_IMAGE_KIND!r} snapshots naming a Modal image "
+                f"and no parts, not {files.kind!r} ref={files.ref!r} parts={list(files.parts)}; refused"
+            )
+        if options.get("mode") == "managed":
+            raise UnsupportedOperation(
+                f"modal: snapshot {snapshot.name!r} holds a Modal image ({files.ref}), which only direct mode "
+                "can start a sandbox from; start it with mode='direct' (Modal credentials on this machine)"
+            )
+        try:
+            return create(**{**options, "mode": "direct", "image_id": files.ref})
+        except EnvironmentUnavailable as exc:
+            if _image_not_found(exc):
+                raise CorruptSnapshotError(
+                    f"snapshot {snapshot.name!r}: its Modal image {files.ref} is gone (deleted, or past its "
+                    f"snapshot_ttl); refused (remove the snapshot: hermes-env snapshots rm {snapshot.name})"
+                ) from exc
+            raise
+
     @classmethod
     def check_requirements(cls) -> list[str]:
         """What is missing here for the modal backend (empty when ready); for ``hermes-env doctor``."""
@@ -60,6 +104,15 @@ class ModalEnvironment(BaseEnvironment):
         except ConfigError as exc:
             problems.append(str(exc))
         return problems
+
+
+def _image_not_found(exc: BaseException) -> bool:
+    """Whether starting a sandbox failed because Modal does not know its image (NOT_FOUND)."""
+    try:
+        from modal.exception import NotFoundError
+    except ImportError:
+        return False
+    return isinstance(exc.__cause__, NotFoundError)
 
 
 def _merged(config: ModalConfig | None, options: dict[str, Any]) -> ModalConfig:

@@ -15,12 +15,14 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_env_core.environment.channel import ChannelStream
 from hermes_env_core.environment.handles import ProcessHandle
 from hermes_env_core.environment.server import BOOT_ARGV as SERVER_ARGV
 from hermes_env_core.environment.session import kill_tree_script
+from hermes_env_core.environment.snapshot import FilesRef
 from hermes_env_core.errors import (
     BackendError,
     ConfigError,
@@ -35,7 +37,7 @@ from ._image import CHECK_SCRIPT, parse_check, requirement_message
 from ._kill import exec_head, find_pids_script, parse_pids
 from ._loop import EventLoopThread
 from ._stream import ExecStream, HelperProcess
-from .backend import ModalEnvironment
+from .backend import MODAL_IMAGE_KIND, ModalEnvironment
 from .config import ModalConfig, credentials_missing_message, default_snapshot_store, memory_mib
 from .snapshots import SnapshotStore
 
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 
 _LOST_WAIT_S = 5.0  # how long a lost server's exit status is waited for (it may come late)
 _CALL_S = 120.0  # bound on one SDK call that should answer at once (exec start, kill, terminate)
+# How long Modal keeps a fork's image: a fork's sandbox that ends is recreated from it, and
+# a sandbox lives 24 h at most.
+_FORK_TTL_S = 24 * 3600
 
 
 def _import_sdk() -> Any:
@@ -128,6 +133,30 @@ class DirectModalEnvironment(ModalEnvironment):
     def pull_files(self) -> PullResult | None:
         """Bring the sandbox's changes to the synced trees back to the host now."""
         return self._sync.pull() if self._sync is not None else None
+
+    # -- snapshots -----------------------------------------------------------------
+    def snapshot_files(
+        self, workdir: Path, name: str, *, paths: Sequence[str] | None, temporary: bool
+    ) -> FilesRef | None:
+        """The sandbox's whole filesystem as a Modal image (``Sandbox.snapshot_filesystem``,
+        kept by Modal for ``snapshot_ttl``; a fork's for a day at most): its id is the record,
+        nothing is written here. With ``paths``, the core's archives of those directories."""
+        if paths is not None:
+            return None
+        cfg, sandbox = self._cfg, self._sandbox
+        if sandbox is None:
+            raise EnvironmentClosedError(f"modal environment {self.task_id!r} is closed")
+        ttl = cfg.snapshot_ttl
+        if temporary:
+            ttl = _FORK_TTL_S if ttl is None else min(ttl, _FORK_TTL_S)
+        try:
+            image = self._loop.run(
+                sandbox.snapshot_filesystem.aio(timeout=cfg.snapshot_timeout, ttl=ttl),
+                timeout=cfg.snapshot_timeout + 30.0,
+            )
+        except Exception as exc:
+            raise self._translate(exc, f"snapshot_filesystem of sandbox {sandbox.object_id} failed") from exc
+        return FilesRef(MODAL_IMAGE_KIND, ref=image.object_id)
 
     # -- setup ---------------------------------------------------------------------
     def _credentials(self) -> tuple[str, str]:

@@ -299,6 +299,61 @@ def test_snapshot_filesystem_and_create_from_image(emu, app, sb):
         )
 
 
+def test_a_snapshots_files_keep_their_paths_in_each_sandbox_made_from_it(emu, app, sb):
+    """As in a real image: a sandbox from a snapshot sees the files at the paths the
+    snapshotted sandbox saw (its shell's cwd and $HOME hold), each sandbox its own copy."""
+    p = sb.exec("bash", "-c", "mkdir -p d && echo v1 > d/f.txt && cd d && pwd && echo $HOME")
+    where, home = p.stdout.read().splitlines()
+    assert p.wait() == 0
+    image = sb.snapshot_filesystem()
+    assert sb.exec("bash", "-c", "echo v2 > d/f.txt").wait() == 0
+    made = [
+        modal.Sandbox.create(app=app, image=modal.Image.from_id(image.object_id), timeout=60)
+        for _ in range(2)
+    ]
+    try:
+        first, second = made
+        assert first.exec("bash", "-c", "echo mine > $HOME/d/f.txt").wait() == 0
+        p = second.exec("bash", "-c", f"cd {where} && pwd && echo $HOME && cat f.txt")
+        assert p.stdout.read() == f"{where}\n{home}\nv1\n"
+        assert p.wait() == 0
+        p = first.exec("cat", "d/f.txt", workdir=home)
+        assert p.stdout.read() == "mine\n"
+        p = sb.exec("cat", f"{where}/f.txt")
+        assert p.stdout.read() == "v2\n"  # the snapshotted sandbox's own files are untouched
+        # A snapshot of a sandbox made from a snapshot keeps the same paths.
+        again = modal.Sandbox.create(
+            app=app, image=modal.Image.from_id(first.snapshot_filesystem().object_id), timeout=60
+        )
+        try:
+            p = again.exec("bash", "-c", "pwd; cat d/f.txt")
+            assert p.stdout.read() == f"{home}\nmine\n"
+        finally:
+            again.terminate()
+    finally:
+        for m in made:
+            m.terminate()
+
+
+def test_image_delete_refuses_the_image_from_then_on(emu, app, sb):
+    import modal.experimental
+
+    assert sb.exec("bash", "-c", "echo kept > f.txt").wait() == 0
+    image_id = sb.snapshot_filesystem().object_id
+    before = modal.Sandbox.create(app=app, image=modal.Image.from_id(image_id), timeout=60)
+    try:
+        modal.experimental.image_delete(image_id)
+        assert image_id not in emu.images
+        with pytest.raises(modal.exception.NotFoundError, match=image_id):
+            modal.Sandbox.create(app=app, image=modal.Image.from_id(image_id), timeout=60)
+        with pytest.raises(modal.exception.NotFoundError):
+            modal.experimental.image_delete(image_id)
+        p = before.exec("cat", "f.txt")  # a sandbox made before keeps running with its files
+        assert p.stdout.read() == "kept\n"
+    finally:
+        before.terminate()
+
+
 def test_filesystem_api(emu, app):
     sandbox = modal.Sandbox.create(app=app, timeout=60, workdir="/workspace")
     try:

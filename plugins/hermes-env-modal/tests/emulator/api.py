@@ -126,6 +126,16 @@ class ControlPlane:
             image_id=req.image_id, metadata=_image_metadata()
         )
 
+    async def ImageDelete(self, req, stream):
+        # modal.experimental.image_delete -> ImageDeleteRequest{image_id}, answered with Empty.
+        # "Deletion is irreversible and will prevent Functions/Sandboxes from using the Image"
+        # (its docstring): ImageFromId and SandboxCreateV2 answer NOT_FOUND for it afterwards.
+        try:
+            self.store.delete_image(req.image_id)
+        except LookupError as exc:
+            raise GRPCError(Status.NOT_FOUND, str(exc)) from None
+        return empty_pb2.Empty()
+
     # -- sandboxes (V2 control-plane RPCs) -------------------------------------------------
     def _sandbox(self, sandbox_id: str):
         sb = self.store.sandboxes.get(sandbox_id)
@@ -146,9 +156,12 @@ class ControlPlane:
             raise GRPCError(Status.NOT_FOUND, f"App {req.app_id} not found")
         env = env_from_secret_sources(req.secret_sources)
         env.update(dict(req.definition.environment_variables.contents))
-        sb = await self.store.create_sandbox(
-            req.app_id, req.definition, env, lacks=frozenset(self.emu.image_lacks)
-        )
+        try:
+            sb = await self.store.create_sandbox(
+                req.app_id, req.definition, env, lacks=frozenset(self.emu.image_lacks)
+            )
+        except LookupError as exc:  # a deleted image
+            raise GRPCError(Status.NOT_FOUND, str(exc)) from None
         return api_pb2.SandboxCreateV2Response(
             sandbox_id=sb.id,
             task_id=sb.task_id,

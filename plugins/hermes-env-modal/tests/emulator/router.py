@@ -88,13 +88,14 @@ class CommandRouter:
             # The SDK's filesystem API execs a helper binary shipped in Modal's containers;
             # the emulated container ships a Python stand-in.
             argv = [sys.executable, str(FS_TOOLS_SCRIPT), *argv[1:]]
-        cwd = sb.host_path(req.workdir) if req.HasField("workdir") else sb.root
+        cwd = sb.host_path(req.workdir) if req.HasField("workdir") else sb.view
         extra_env = env_from_secret_sources(req.secret_sources)
         extra_env.update(dict(req.env))
         env = sb.process_env(extra_env)
-        env["MODAL_EMULATOR_SANDBOX_ROOT"] = str(sb.root)
+        env["MODAL_EMULATOR_SANDBOX_ROOT"] = str(sb.view)
         env["MODAL_EMULATOR_SANDBOX_WORKDIR"] = sb.workdir or ""
-        proc = LocalProcess(id=req.exec_id, argv=argv, cwd=str(cwd))
+        argv, spawn_cwd = sb.spawn(argv, str(cwd))
+        proc = LocalProcess(id=req.exec_id, argv=argv, cwd=spawn_cwd)
         proc.exit_status_delay = self.emu.exit_status_delay
         proc.stdout.delay = proc.stderr.delay = self.emu.output_delay
         sb.touch()
@@ -241,7 +242,16 @@ class CommandRouter:
 
     # -- snapshots -----------------------------------------------------------------------
     async def TaskSnapshotFilesystem(self, req, stream):
+        # Sandbox.snapshot_filesystem() on a V2 sandbox (modal/sandbox/_common.py:
+        # snapshot_filesystem_via_tcr): TaskSnapshotFilesystemRequest{task_id, snapshot_id (a
+        # uuid4 per call), ttl_seconds, container_id} -> TaskSnapshotFilesystemResponse{image_id};
+        # the SDK wraps the id as a hydrated Image. The control plane's SandboxSnapshotFs is
+        # the V1 path (_impl_v1.py, legacy), not emulated. A retried call (same snapshot_id)
+        # gets the same image.
         sb = self._task(req.task_id)
+        done = self.store.snapshots_by_key.get((req.task_id, req.snapshot_id)) if req.snapshot_id else None
+        if done is not None and done in self.store.images:
+            return sr_pb2.TaskSnapshotFilesystemResponse(image_id=done)
         if req.container_id:
             raise GRPCError(
                 Status.UNIMPLEMENTED, "emulator: sidecar containers are not emulated"
@@ -249,6 +259,8 @@ class CommandRouter:
         rec = await self.store.snapshot(sb)
         # snapshot_filesystem(ttl=...) in modal/sandbox/_sandbox.py: kept 30 days by default, -1 = for ever.
         rec.ttl_seconds = req.ttl_seconds
+        if req.snapshot_id:
+            self.store.snapshots_by_key[(req.task_id, req.snapshot_id)] = rec.id
         return sr_pb2.TaskSnapshotFilesystemResponse(image_id=rec.id)
 
     async def TaskMountDirectory(self, req, stream):

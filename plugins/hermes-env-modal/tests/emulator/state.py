@@ -4,7 +4,9 @@ Path model: processes run on this host, so absolute paths are host paths. The sa
 ``workdir`` (e.g. ``/workspace``) is mapped onto its private directory (``root``): the
 entrypoint and every exec start there, and an exec ``workdir`` at or under that prefix is
 translated into ``root``. With no workdir (or ``/``), execs start in ``root`` and absolute
-exec workdirs are used as they are.
+exec workdirs are used as they are. A sandbox made from a filesystem snapshot sees its
+directory at the snapshotted sandbox's path (``view``), bound there in a private mount
+namespace, so paths recorded before the snapshot still hold in it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class ImageRecord:
     definition: api_pb2.Image | None = None
     source_sandbox: str | None = None
     ttl_seconds: int | None = None
+    #: where the snapshotted sandbox's processes saw its directory (paths in an image do not move)
+    seen_at: Path | None = None
 
 
 @dataclass
@@ -74,6 +78,9 @@ class SandboxState:
     idle_timeout_secs: int = 0
     last_active: float = field(default_factory=time.monotonic)
     path: str | None = None  # PATH of its processes when the image lacks programs
+    #: from a snapshot: the path its processes see their directory at (the snapshotted
+    #: sandbox's), bound there in a private mount namespace; None: ``root`` itself
+    seen_at: Path | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event)
     _timer: asyncio.TimerHandle | None = None
 
@@ -102,22 +109,49 @@ class SandboxState:
         )
         return [p for p in procs if not p.done()]
 
+    @property
+    def view(self) -> Path:
+        """Where its processes see its directory: ``root``, or for a sandbox made from a
+        filesystem snapshot the path the snapshotted sandbox saw (as in a real image, a
+        snapshot's files keep their paths, so a restored shell's cwd and ``$HOME`` hold)."""
+        return self.seen_at or self.root
+
     def host_path(self, path: str) -> Path:
-        """Where an in-sandbox path lives on this host (see the module docstring)."""
+        """Where an in-sandbox path lives, as its processes see it (see the module docstring)."""
         prefix = (
             self.workdir.rstrip("/") if self.workdir and self.workdir != "/" else None
         )
         if prefix and (path == prefix or path.startswith(prefix + "/")):
-            return self.root / path[len(prefix) :].lstrip("/")
+            return self.view / path[len(prefix) :].lstrip("/")
         if not os.path.isabs(path):
-            return self.root / path
+            return self.view / path
         return Path(path)
+
+    def spawn(self, argv: list[str], cwd: str) -> tuple[list[str], str]:
+        """The argv and cwd to start a process of this sandbox with: as they are, or for a
+        sandbox from a snapshot in a private mount namespace where ``root`` is bound at
+        ``view`` (two forks of one snapshot see the same paths, each its own files)."""
+        if self.seen_at is None or self.seen_at == self.root:
+            return argv, cwd
+        unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+        if unshare is None:
+            raise RuntimeError("emulator: a sandbox from a snapshot needs unshare(1) (util-linux)")
+        script = (
+            'mkdir -p -- "$2" && mount --bind -- "$1" "$2" || exit 126; '
+            'cd -- "$3" 2>/dev/null || { echo "modal-emulator: cannot enter $3" >&2; exit 126; }; '
+            'shift 3; exec "$@"'
+        )
+        # Not root: a user namespace mapping this user to itself grants the mount.
+        user = [] if os.geteuid() == 0 else ["--map-current-user"]
+        wrapped = [unshare, *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
+                   str(self.root), str(self.seen_at), cwd, *argv]
+        return wrapped, str(self.root)
 
     # -- process environment -------------------------------------------------------------
     def process_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             "PATH": self.path or os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(self.root),
+            "HOME": str(self.view),
             "LANG": "C.UTF-8",
             "MODAL_SANDBOX_ID": self.id,
             "MODAL_TASK_ID": self.task_id,
@@ -165,6 +199,8 @@ class Store:
         self.sandboxes: dict[str, SandboxState] = {}
         self.tasks: dict[str, str] = {}  # task id -> sandbox id
         self.unknown_image_ids: list[str] = []
+        self.deleted_image_ids: set[str] = set()
+        self.snapshots_by_key: dict[tuple[str, str], str] = {}  # (task id, snapshot_id) -> image id
 
     # -- apps ----------------------------------------------------------------------------
     def app_get_or_create(
@@ -203,10 +239,21 @@ class Store:
                 tar.add(sb.root, arcname=".")
 
         await asyncio.to_thread(write)
-        rec = ImageRecord(image_id, "snapshot", tar_path=tar_path, source_sandbox=sb.id)
+        rec = ImageRecord(
+            image_id, "snapshot", tar_path=tar_path, source_sandbox=sb.id, seen_at=sb.view
+        )
         self.images[image_id] = rec
         sb.snapshots.append(image_id)
         return rec
+
+    def delete_image(self, image_id: str) -> None:
+        """``ImageDelete``: the id is refused from then on; sandboxes already made from it keep running."""
+        rec = self.images.pop(image_id, None)
+        if rec is None:
+            raise LookupError(f"Image {image_id} not found")
+        self.deleted_image_ids.add(image_id)
+        if rec.tar_path is not None:
+            rec.tar_path.unlink(missing_ok=True)
 
     # -- sandboxes -----------------------------------------------------------------------
     async def create_sandbox(
@@ -223,6 +270,9 @@ class Store:
         )  # the client recognises V2 task ids by the trailing 'V'
         root = self.base_dir / "sandboxes" / sandbox_id
         root.mkdir()
+        if definition.image_id in self.deleted_image_ids:
+            root.rmdir()
+            raise LookupError(f"Image {definition.image_id} not found")
         image = self.images.get(definition.image_id)
         if image is None:
             # An id this emulator never issued (e.g. the SDK's process-wide default image,
@@ -253,6 +303,7 @@ class Store:
             env=env,
             name=definition.name if definition.HasField("name") else None,
             idle_timeout_secs=definition.idle_timeout_secs,
+            seen_at=image.seen_at if image is not None and image.kind == "snapshot" else None,
         )
         if lacks:
             sb.path = str(_bin_without(self.base_dir / "bins" / sandbox_id, lacks))
@@ -269,7 +320,8 @@ class Store:
         if sb.idle_timeout_secs:
             loop.create_task(self._watch_idle(sb))
         if sb.entrypoint_args:
-            proc = LocalProcess(id="entrypoint", argv=sb.entrypoint_args, cwd=str(root))
+            argv, cwd = sb.spawn(sb.entrypoint_args, str(sb.view))
+            proc = LocalProcess(id="entrypoint", argv=argv, cwd=cwd)
             sb.entrypoint = proc
             await proc.start(sb.process_env())
             loop.create_task(self._watch_entrypoint(sb, proc))
