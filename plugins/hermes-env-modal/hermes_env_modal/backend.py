@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hermes_env_core.environment.base import BaseEnvironment
 from hermes_env_core.environment.channel import ChannelStream
 from hermes_env_core.environment.snapshot import CorruptSnapshotError, FilesRef, Snapshot
-from hermes_env_core.errors import ConfigError, EnvironmentUnavailable, UnsupportedOperation
+from hermes_env_core.errors import ConfigError, EnvironmentUnavailable, UnsupportedOperation, UsageError
 
 from .config import ModalConfig, resolve_mode
 
@@ -76,6 +76,19 @@ class ModalEnvironment(BaseEnvironment):
                 f"modal: snapshot {snapshot.name!r} holds a Modal image ({files.ref}), which only direct mode "
                 "can start a sandbox from; start it with mode='direct' (Modal credentials on this machine)"
             )
+        task_id = options.get("task_id")
+        if options.get("persistent") and task_id:
+            from .config import default_snapshot_store
+            from .snapshots import SnapshotStore
+
+            store = SnapshotStore(options.get("snapshot_store") or default_snapshot_store())
+            if store.get(f"direct:{task_id}") is not None:
+                # Restoring by task id would win over the snapshot's image: refuse, not mix.
+                raise UsageError(
+                    f"modal: task {task_id!r} already has a persistent snapshot of its own, which a new sandbox "
+                    f"of that task starts from; start snapshot {snapshot.name!r} with another task_id, or without "
+                    "persistent=True"
+                )
         try:
             return create(**{**options, "mode": "direct", "image_id": files.ref})
         except EnvironmentUnavailable as exc:

@@ -15,6 +15,7 @@ from hermes_env_modal import ModalEnvironment
 from hermes_env_modal.backend import MODAL_IMAGE_KIND
 
 from hermes_env_core import CorruptSnapshotError, UnsupportedOperation, create_environment
+from hermes_env_core.errors import UsageError
 from hermes_env_core.cli import main as cli_main
 from hermes_env_core.environment.snapshot import FilesRef, load_snapshot, snapshots_dir
 
@@ -129,6 +130,27 @@ def test_unknown_image_id_is_a_clear_error(modal_emu) -> None:
     no_ref = dataclasses.replace(snap, files=FilesRef(MODAL_IMAGE_KIND), path=None)
     with pytest.raises(CorruptSnapshotError, match="naming a Modal image"):
         create_environment("modal", snapshot=no_ref)
+
+
+def test_persistent_task_with_its_own_snapshot_is_refused_not_mixed(modal_emu, tmp_path: Path) -> None:
+    name, store = _name(), str(tmp_path / "store.json")
+    task = f"t-{uuid.uuid4().hex[:8]}"
+    with ModalEnvironment(mode="direct") as env:
+        env.execute("echo from-snapshot > f.txt")
+        env.snapshot(name)
+    with ModalEnvironment(mode="direct", task_id=task, persistent=True, snapshot_store=store) as env:
+        env.execute("echo from-task > f.txt")
+    before = len(modal_emu.sandboxes)
+    with pytest.raises(UsageError, match=rf"task {task!r} already has a persistent snapshot.*another task_id"):
+        create_environment("modal", snapshot=name, task_id=task, persistent=True, snapshot_store=store)
+    assert len(modal_emu.sandboxes) == before
+    # A new task id starts from the snapshot, and keeps its files from then on.
+    new_task = task + "-b"
+    with create_environment("modal", snapshot=name, task_id=new_task, persistent=True, snapshot_store=store) as env:
+        assert env.execute("cat f.txt").output == "from-snapshot\n"
+        env.execute("echo changed > f.txt")
+    with ModalEnvironment(mode="direct", task_id=new_task, persistent=True, snapshot_store=store) as env:
+        assert env.execute("cat f.txt").output == "changed\n"
 
 
 def test_paths_take_the_cores_archives(modal_emu) -> None:
