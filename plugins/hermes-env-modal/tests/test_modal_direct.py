@@ -135,7 +135,8 @@ def test_timeout_kills_the_command_not_the_sandbox(fresh_modal_emu):
         assert env.sandbox_id == sid and not fresh_modal_emu.sandboxes[sid].finished
         assert fresh_modal_emu.call_count("SandboxTerminateV2") == 0
         (proc,) = _exec_procs(fresh_modal_emu, sid, "sleep 30")
-        assert proc.done() and not proc.timed_out  # ended by our kill, not by an exec deadline
+        # ended by our kill, not by an exec deadline (the emulator sees the exit on its own loop)
+        assert wait_until(proc.done, 10) and not proc.timed_out
         assert env.execute('echo "$KEPT"').output == "yes\n"
 
 
@@ -155,7 +156,7 @@ def test_cancel_kills_the_command_not_the_sandbox(fresh_modal_emu):
         assert r.duration_s < 15
         assert not fresh_modal_emu.sandboxes[sid].finished
         (proc,) = _exec_procs(fresh_modal_emu, sid, "sleep 60")
-        assert proc.done()
+        assert wait_until(proc.done, 10)  # the emulator sees the exit on its own loop
         assert env.execute("echo alive").output == "alive\n"
 
 
