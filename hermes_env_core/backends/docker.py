@@ -546,9 +546,12 @@ class DockerEnvironment(BaseEnvironment):
             self._note_oom()
         return Usage(oom_killed=oom)
 
-    def _note_oom(self) -> None:
+    def _oom_message(self) -> str:
         limit = self.config.memory or "the host's memory"
-        self._note(f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit")
+        return f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit"
+
+    def _note_oom(self) -> None:
+        self._note(self._oom_message())
 
     def _oom_struck(self, started: float, also: tuple[str, ...] = ()) -> tuple[bool, set[str]]:
         """Whether the OOM killer struck in the command started at ``started``, and
@@ -592,8 +595,7 @@ class DockerEnvironment(BaseEnvironment):
     def _explain_lost(self, started: float) -> tuple[int, str] | None:
         if not self._oom_struck(started)[0]:
             return None
-        limit = self.config.memory or "the host's memory"
-        return 137, f"the command was killed by the OOM killer: the container's memory limit ({limit}) was hit"
+        return 137, self._oom_message()
 
     def _after_exec(self, handle: ExecHandle, code: int) -> None:
         """Sweep up after a kill; on SIGKILL, tell a dead container from the memory limit."""

@@ -482,11 +482,8 @@ class NamedBinding:
         """``close()`` ends the session: attach first when nothing ran, so that its server is ended."""
         self.ending = True  # from here on the runner does not let go of its server (_let_go)
         try:
-            runner = env._server_runner()
-            # Under the runner's lock: a let-go under way (its timer) ends first; its server is attached again.
-            with runner._lock:
-                if runner._server is None:
-                    runner._ensure()
+            # A let-go under way (its timer) ends first (the runner's lock); its server is attached again.
+            env._server_runner().ensure_server()
         except HermesEnvError as exc:
             _log.debug("session %s: not reached at close: %s", self.name, exc)
         self.store.remove(self.name)

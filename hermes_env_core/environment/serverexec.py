@@ -528,6 +528,12 @@ class ServerRunner:
         self._checkpoint_of = self._commands
         self._pending = False
 
+    def ensure_server(self) -> None:
+        """Have a server (boot or attach one) unless the runner has one; waits for a command under way."""
+        with self._lock:
+            if self._server is None and not self._closed:
+                self._ensure()
+
     def current_session(self) -> ShellSession:
         """The session with its checkpoint up to date (for processes started outside ``execute``)."""
         with self._lock:
